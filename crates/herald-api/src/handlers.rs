@@ -1,0 +1,269 @@
+//! The `/v1` handlers.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use herald_store::accept::{accept_messages, AcceptError, Accepted, NewMessage};
+use herald_store::messages::message_with_history;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::metrics::{ACCEPTED, REJECTED, REPLAYED, REQUEST_DURATION};
+use crate::problem::Problem;
+use crate::validate;
+use crate::wire::{AcceptedMessage, BatchResponse};
+use crate::ApiState;
+
+pub(crate) async fn accept_one(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let response = match accept_one_inner(&state, &headers, body).await {
+        Ok(response) => response,
+        Err(problem) => reject(problem),
+    };
+    metrics::histogram!(REQUEST_DURATION, "route" => "accept")
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+async fn accept_one_inner(
+    state: &ApiState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let key = idempotency_header(headers)?;
+    let value = read_json(state, headers, body).await?;
+    let message = validate::message(&value, "", key, false, state.partitions)?;
+    let accepted = commit(state, &[message]).await?;
+    let first = accepted
+        .into_iter()
+        .next()
+        .ok_or_else(Problem::unavailable)?;
+    let status = if first.created {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    let location = format!("/v1/messages/{}", first.id);
+    Ok((
+        status,
+        [(header::LOCATION, location)],
+        Json(wire_message(&first)),
+    )
+        .into_response())
+}
+
+pub(crate) async fn accept_batch(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let response = match accept_batch_inner(&state, &headers, body).await {
+        Ok(response) => response,
+        Err(problem) => reject(problem),
+    };
+    metrics::histogram!(REQUEST_DURATION, "route" => "accept_batch")
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+async fn accept_batch_inner(
+    state: &ApiState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    if headers.contains_key("idempotency-key") {
+        return Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-header",
+            "A header is not allowed here",
+            "a batch carries one `idempotency_key` per message, not an Idempotency-Key header",
+        )
+        .with_field("Idempotency-Key"));
+    }
+    let value = read_json(state, headers, body).await?;
+    let items = match value.as_object().map(|o| (o.get("messages"), o.len())) {
+        Some((Some(Value::Array(items)), 1)) => items,
+        Some((Some(Value::Array(_)), _)) => {
+            let extra = value
+                .as_object()
+                .and_then(|o| o.keys().find(|k| *k != "messages").cloned())
+                .unwrap_or_default();
+            return Err(Problem::invalid_field(
+                &extra,
+                format!("unknown field `{extra}` (a batch is {{\"messages\": [...]}})"),
+            ));
+        }
+        Some((Some(_), _)) => {
+            return Err(Problem::invalid_field(
+                "messages",
+                "`messages` must be an array",
+            ))
+        }
+        _ => return Err(Problem::invalid_field("messages", "`messages` is required")),
+    };
+    if items.is_empty() || items.len() > state.limits.max_batch {
+        return Err(Problem::invalid_field(
+            "messages",
+            format!(
+                "a batch has 1 to {} messages, got {}",
+                state.limits.max_batch,
+                items.len()
+            ),
+        ));
+    }
+    let mut messages = Vec::with_capacity(items.len());
+    let mut keys = HashSet::new();
+    for (index, item) in items.iter().enumerate() {
+        let path = format!("messages[{index}].");
+        let message = validate::message(item, &path, None, true, state.partitions)?;
+        if let Some(key) = &message.idempotency_key {
+            if !keys.insert(key.clone()) {
+                return Err(Problem::invalid_field(
+                    format!("{path}idempotency_key"),
+                    format!("idempotency key {key:?} appears twice in the batch"),
+                ));
+            }
+        }
+        messages.push(message);
+    }
+    let accepted = commit(state, &messages).await?;
+    let status = if accepted.iter().any(|a| a.created) {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    let response = BatchResponse {
+        messages: accepted.iter().map(wire_message).collect(),
+    };
+    Ok((status, Json(response)).into_response())
+}
+
+pub(crate) async fn get_message(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return reject(
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-id",
+                "The message id is not valid",
+                format!("{id:?} is not a UUID"),
+            )
+            .with_field("id"),
+        );
+    };
+    match message_with_history(&state.pool, id).await {
+        Ok(Some(view)) => Json(view).into_response(),
+        Ok(None) => reject(Problem::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such message",
+            format!("no message has id {id}"),
+        )),
+        Err(err) => {
+            tracing::error!(error = %err, %id, "reading a message failed");
+            reject(Problem::unavailable())
+        }
+    }
+}
+
+async fn commit(state: &ApiState, messages: &[NewMessage]) -> Result<Vec<Accepted>, Problem> {
+    match accept_messages(&state.pool, messages).await {
+        Ok(accepted) => {
+            let created = accepted.iter().filter(|a| a.created).count() as u64;
+            metrics::counter!(ACCEPTED).increment(created);
+            metrics::counter!(REPLAYED).increment(accepted.len() as u64 - created);
+            Ok(accepted)
+        }
+        Err(AcceptError::KeyConflict { index, key }) => {
+            let field = if messages.len() > 1 || messages.first().is_some_and(|_| index > 0) {
+                format!("messages[{index}].idempotency_key")
+            } else {
+                "Idempotency-Key".to_owned()
+            };
+            Err(Problem::new(
+                StatusCode::CONFLICT,
+                "idempotency-key-conflict",
+                "The Idempotency-Key was used for a different request",
+                format!("key {key:?} was already used with a different recipient, body or partition key; nothing was written"),
+            )
+            .with_field(field))
+        }
+        Err(AcceptError::Store(err)) => {
+            tracing::error!(error = %err, count = messages.len(), "accept transaction failed");
+            Err(Problem::unavailable())
+        }
+    }
+}
+
+fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>, Problem> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let invalid = |detail: String| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-header",
+            "A header is invalid",
+            detail,
+        )
+        .with_field("Idempotency-Key")
+    };
+    let key = value
+        .to_str()
+        .map_err(|_| invalid("Idempotency-Key must be visible ASCII".to_owned()))?;
+    validate::check_key(key).map_err(invalid)?;
+    Ok(Some(key.to_owned()))
+}
+
+async fn read_json(state: &ApiState, headers: &HeaderMap, body: Body) -> Result<Value, Problem> {
+    if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
+        let content_type = content_type
+            .to_str()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let essence = content_type.split(';').next().unwrap_or_default().trim();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "The body must be JSON",
+                format!("Content-Type is {essence:?}; send application/json"),
+            )
+            .with_field("Content-Type"));
+        }
+    }
+    let limit = state.limits.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(Problem::too_large(limit));
+    }
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| Problem::too_large(limit))?;
+    validate::parse_json(&bytes)
+}
+
+fn wire_message(accepted: &Accepted) -> AcceptedMessage {
+    AcceptedMessage {
+        id: accepted.id,
+        state: accepted.state.as_str().to_owned(),
+        created: accepted.created,
+    }
+}
+
+fn reject(problem: Problem) -> Response {
+    metrics::counter!(REJECTED, "reason" => problem.reason().to_owned()).increment(1);
+    problem.into_response()
+}

@@ -1,0 +1,61 @@
+//! Herald's HTTP API. `POST /v1/messages` (and its batch form) validates the request and
+//! commits the message, its outbox row and its first event in one PostgreSQL transaction
+//! before answering 202; nothing else is on that path (rule R1). `GET /v1/messages/{id}`
+//! answers the derived state and the whole history. Every error is `application/problem+json`
+//! naming the offending field; nothing is half-written.
+
+mod auth;
+mod handlers;
+pub mod metrics;
+pub mod problem;
+pub mod validate;
+pub mod wire;
+
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+use herald_core::PartitionCount;
+use sqlx::PgPool;
+
+/// Limits on what a client may send.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body accepted, in bytes (413 past it).
+    pub max_body_bytes: usize,
+    /// Most messages in one batch request.
+    pub max_batch: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 256 * 1024,
+            max_batch: 1000,
+        }
+    }
+}
+
+/// Everything the handlers share.
+#[derive(Clone)]
+pub struct ApiState {
+    pub pool: PgPool,
+    pub partitions: PartitionCount,
+    pub limits: Limits,
+    /// When non-empty, every `/v1` route requires `Authorization: Bearer <one of these>`.
+    pub api_keys: Arc<Vec<String>>,
+}
+
+/// The `/v1` routes. The binary merges the health and metrics routes next to them.
+pub fn router(state: ApiState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/messages", post(handlers::accept_one))
+        .route("/v1/messages/batch", post(handlers::accept_batch))
+        .route("/v1/messages/{id}", get(handlers::get_message))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ))
+        .with_state(state);
+    Router::new().merge(v1)
+}

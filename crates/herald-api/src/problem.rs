@@ -1,0 +1,98 @@
+//! RFC 9457 problem details: every error the API answers.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// An error answered as `application/problem+json`. `field` names the offending input.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl Problem {
+    pub fn new(
+        status: StatusCode,
+        slug: &str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            kind: format!("urn:herald:problem:{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+            field: None,
+        }
+    }
+
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn invalid_field(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-field",
+            "A field is missing or invalid",
+            detail,
+        )
+        .with_field(field)
+    }
+
+    pub fn malformed_json(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-json",
+            "The body is not valid JSON",
+            detail,
+        )
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "The request body is too large",
+            format!("the body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Herald cannot commit the request right now",
+            "the database did not answer; nothing was written, retry with the same Idempotency-Key",
+        )
+    }
+
+    /// A short label for the rejection counter.
+    pub fn reason(&self) -> &str {
+        self.kind.rsplit(':').next().unwrap_or("unknown")
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, axum::Json(&self)).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,74 @@
+//! Job types: each has its own Redis stream(s) and its own worker fleet.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The kind of work an outbox row asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobType {
+    /// Submit a message to the provider.
+    Send,
+    /// Apply a provider's delivery receipt to a message.
+    Status,
+}
+
+impl JobType {
+    pub const ALL: [JobType; 2] = [JobType::Send, JobType::Status];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobType::Send => "send",
+            JobType::Status => "status",
+        }
+    }
+}
+
+impl fmt::Display for JobType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("unknown job type {0:?} (known: send, status)")]
+pub struct UnknownJobType(pub String);
+
+impl FromStr for JobType {
+    type Err = UnknownJobType;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "send" => Ok(JobType::Send),
+            "status" => Ok(JobType::Status),
+            other => Err(UnknownJobType(other.to_owned())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_rejects_unknown() {
+        for job in JobType::ALL {
+            assert_eq!(job.as_str().parse::<JobType>(), Ok(job));
+        }
+        assert!("sms".parse::<JobType>().is_err());
+    }
+}
+
+/// One unit of work as it travels from the outbox through a queue store to a worker. The
+/// outbox row `(partition, outbox_id)` is the proof the work is owed; the job is a copy.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Job {
+    pub outbox_id: i64,
+    pub partition: u32,
+    pub job_type: JobType,
+    pub message_id: Option<uuid::Uuid>,
+    /// Which claim of the outbox row published this copy (1 for the first).
+    pub attempt: i32,
+    /// Job-type specific data; empty for sends, which read the message itself.
+    pub payload: serde_json::Value,
+}

@@ -1,0 +1,16 @@
+//! Herald's domain, with no I/O and no async runtime: how a message is routed to a partition,
+//! the states of a message and of an outbox row, the job types, and the one function that
+//! derives the idempotency key of each effect. Every other crate takes these from here so that
+//! the rules they encode exist once.
+
+pub mod fence;
+pub mod idempotency;
+pub mod job;
+pub mod partition;
+pub mod state;
+
+pub use fence::Fence;
+pub use idempotency::send_effect_key;
+pub use job::JobType;
+pub use partition::{partition_of, PartitionCount};
+pub use state::{MessageState, OutboxStatus};

@@ -1,0 +1,188 @@
+//! The provider simulator: a real HTTP server that behaves like an SMS or e-mail gateway.
+//! `POST /v1/submit` with an `Idempotency-Key` answers `{provider_id, gateway}`; a repeated
+//! key answers the first answer again (and is counted as a duplicate submit). Provider ids are
+//! short counters per gateway that wrap, so two gateways issue the same id. Latency, errors
+//! and timeouts are injected by configurable rates. Every first submit of a key is appended to
+//! a log file before it is answered, so delivery can be proven after any crash, and the log is
+//! read back on start.
+
+mod record;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+pub use record::{Record, SubmitAnswer};
+
+/// The simulator's behaviour.
+#[derive(Debug, Clone)]
+pub struct SimSettings {
+    /// Gateway names; a key is routed to one of them by hash.
+    pub gateways: Vec<String>,
+    /// Provider ids count 1..=wrap per gateway, then start again.
+    pub id_wrap: u32,
+    /// Fixed latency of every submit.
+    pub latency: Duration,
+    /// Extra random latency, uniform in 0..=jitter.
+    pub jitter: Duration,
+    /// Share of submits answered 503 without taking effect.
+    pub error_rate: f64,
+    /// Share of submits that take effect but answer only after `timeout_delay` (the client
+    /// times out first: the outcome is unknown to it).
+    pub timeout_rate: f64,
+    pub timeout_delay: Duration,
+    /// Append-only record of every first submit.
+    pub log_path: PathBuf,
+}
+
+impl Default for SimSettings {
+    fn default() -> Self {
+        Self {
+            gateways: vec!["gw-a".to_owned(), "gw-b".to_owned()],
+            id_wrap: 65_535,
+            latency: Duration::ZERO,
+            jitter: Duration::ZERO,
+            error_rate: 0.0,
+            timeout_rate: 0.0,
+            timeout_delay: Duration::from_secs(30),
+            log_path: PathBuf::from("provider-sim-submits.jsonl"),
+        }
+    }
+}
+
+/// Counts for `GET /v1/stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Every submit that took effect or was deduped (errors excluded).
+    pub submits: u64,
+    pub distinct_keys: u64,
+    /// Submits whose key was seen before (answered with the first answer).
+    pub duplicate_submits: u64,
+    pub injected_errors: u64,
+    pub injected_timeouts: u64,
+}
+
+#[derive(Clone)]
+struct Sim {
+    settings: Arc<SimSettings>,
+    record: Arc<tokio::sync::Mutex<Record>>,
+}
+
+/// Builds the simulator's router; the log is opened (and read back) here.
+pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
+    anyhow::ensure!(
+        !settings.gateways.is_empty(),
+        "at least one gateway is needed"
+    );
+    anyhow::ensure!(settings.id_wrap > 0, "id wrap must be at least 1");
+    for (name, rate) in [
+        ("error", settings.error_rate),
+        ("timeout", settings.timeout_rate),
+    ] {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&rate),
+            "{name} rate must be within 0..=1, got {rate}"
+        );
+    }
+    let record = Record::open(&settings.log_path, &settings.gateways, settings.id_wrap)?;
+    let sim = Sim {
+        settings: Arc::new(settings),
+        record: Arc::new(tokio::sync::Mutex::new(record)),
+    };
+    Ok(Router::new()
+        .route("/v1/submit", post(submit))
+        .route("/v1/stats", get(stats))
+        .route("/v1/submits", get(submits))
+        .with_state(sim))
+}
+
+#[derive(Deserialize)]
+struct SubmitRequest {
+    recipient: String,
+    #[allow(dead_code)]
+    body: serde_json::Value,
+}
+
+async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+    else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Idempotency-Key header is required",
+        );
+    };
+    let request: SubmitRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(err) => return error(StatusCode::BAD_REQUEST, &format!("invalid body: {err}")),
+    };
+    if request.recipient.is_empty() {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, "recipient is empty");
+    }
+    let (latency, fail, time_out) = {
+        let mut rng = rand::rng();
+        let jitter = sim.settings.jitter.as_micros() as u64;
+        let extra = if jitter > 0 {
+            rng.random_range(0..=jitter)
+        } else {
+            0
+        };
+        (
+            sim.settings.latency + Duration::from_micros(extra),
+            rng.random_bool(sim.settings.error_rate),
+            rng.random_bool(sim.settings.timeout_rate),
+        )
+    };
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    if fail {
+        sim.record.lock().await.count_error();
+        metrics::counter!("herald_sim_submits_total", "outcome" => "error").increment(1);
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "injected error (no effect)",
+        );
+    }
+    let answer = match sim.record.lock().await.submit(&key) {
+        Ok(answer) => answer,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot append to the submit log");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "submit log unavailable (no effect)",
+            );
+        }
+    };
+    metrics::counter!("herald_sim_submits_total", "outcome" => if answer.duplicate { "duplicate" } else { "first" })
+        .increment(1);
+    if time_out {
+        sim.record.lock().await.count_timeout();
+        tokio::time::sleep(sim.settings.timeout_delay).await;
+    }
+    Json(answer).into_response()
+}
+
+async fn stats(State(sim): State<Sim>) -> Json<Stats> {
+    Json(sim.record.lock().await.stats())
+}
+
+/// Every key with its submit count, one `key count` line each.
+async fn submits(State(sim): State<Sim>) -> String {
+    sim.record.lock().await.key_counts()
+}
+
+fn error(status: StatusCode, detail: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": detail }))).into_response()
+}

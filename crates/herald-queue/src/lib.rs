@@ -1,0 +1,267 @@
+//! Herald's queue stores. Each job type has its own Redis instance(s); a job is exactly one
+//! stream entry and nothing else (no lock or uniqueness keys: idempotency lives in
+//! PostgreSQL). Entries are published in one pipelined round trip per batch, read through a
+//! consumer group, and acknowledged *and deleted* once handled, so the stream holds only
+//! work in flight.
+
+pub mod metrics;
+
+use std::time::{Duration, Instant};
+
+use deadpool_redis::{Manager, Pool, Runtime};
+use herald_core::job::Job;
+use herald_core::JobType;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::AsyncConnectionConfig;
+
+use crate::metrics::{measured, RedisOp};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis pool: {0}")]
+    Pool(#[from] deadpool_redis::PoolError),
+    #[error("cannot build the redis pool: {0}")]
+    Build(String),
+    #[error("cannot encode job: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Where one job type's store lives and how many connections a role may hold to it.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub url: String,
+    pub job_type: JobType,
+    pub max_connections: usize,
+}
+
+/// A delivered stream entry: the entry id to acknowledge, and the job if it could be decoded.
+#[derive(Debug)]
+pub struct Delivery {
+    pub entry_id: String,
+    pub job: Result<Job, String>,
+}
+
+/// One job type's queue store (shard 0 for now): its stream and consumer group.
+#[derive(Clone)]
+pub struct QueueStore {
+    pool: Pool,
+    job_type: JobType,
+    stream: String,
+    group: String,
+}
+
+/// Longest a blocking read waits; the connection's response timeout is well above it.
+pub const MAX_BLOCK: Duration = Duration::from_secs(2);
+
+impl QueueStore {
+    /// Builds the pool. Connections are opened lazily, so Redis may be down at start.
+    pub fn new(settings: &StoreSettings) -> Result<Self, QueueError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(MAX_BLOCK + Duration::from_secs(3)));
+        let manager = Manager::new_with_config(settings.url.as_str(), config)?;
+        let pool = Pool::builder(manager)
+            .max_size(settings.max_connections)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(Duration::from_secs(3)))
+            .build()
+            .map_err(|err| QueueError::Build(err.to_string()))?;
+        let job_type = settings.job_type;
+        Ok(Self {
+            pool,
+            job_type,
+            stream: format!("herald:{job_type}:0"),
+            group: format!("herald-{job_type}-workers"),
+        })
+    }
+
+    pub fn job_type(&self) -> JobType {
+        self.job_type
+    }
+
+    /// The stream's key (for operators and tests).
+    pub fn stream_key(&self) -> &str {
+        &self.stream
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// Readiness probe: one PING.
+    pub async fn ping(&self) -> Result<(), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Appends every job to the stream in one pipelined round trip and returns the entry ids.
+    /// On error some entries may have been written: the caller must treat the batch as not
+    /// published (a duplicate copy is harmless, a missing one is not).
+    pub async fn publish(&self, jobs: &[Job]) -> Result<Vec<String>, QueueError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for job in jobs {
+            pipe.cmd("XADD")
+                .arg(&self.stream)
+                .arg("*")
+                .arg("job")
+                .arg(serde_json::to_string(job)?);
+        }
+        let started = Instant::now();
+        let result = measured(RedisOp::Publish, async {
+            let mut conn = self.pool.get().await?;
+            let ids: Vec<String> = pipe.query_async(&mut conn).await?;
+            Ok::<_, QueueError>(ids)
+        })
+        .await;
+        ::metrics::histogram!(metrics::PUBLISH_DURATION, "job_type" => self.job_type.as_str())
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Creates the consumer group (and the stream) if missing. Safe to call at any time.
+    pub async fn ensure_group(&self) -> Result<(), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let created: Result<String, redis::RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Reads up to `count` new entries for `consumer`, waiting at most `block` (capped at
+    /// [`MAX_BLOCK`]). A store restarted without its data (no stream, no group) is healed by
+    /// recreating the group and reading again.
+    pub async fn read(
+        &self,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let block = block.min(MAX_BLOCK);
+        match self.read_once(consumer, count, block).await {
+            Err(QueueError::Redis(err)) if err.code() == Some("NOGROUP") => {
+                tracing::warn!(stream = %self.stream, "consumer group missing (store restarted?); recreating it");
+                self.ensure_group().await?;
+                self.read_once(consumer, count, block).await
+            }
+            other => other,
+        }
+    }
+
+    async fn read_once(
+        &self,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.group)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.stream)
+            .arg(">")
+            .query_async(&mut conn)
+            .await?;
+        Ok(reply
+            .map(|reply| {
+                reply
+                    .keys
+                    .into_iter()
+                    .flat_map(|key| key.ids)
+                    .map(decode)
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Takes over entries another consumer read but did not acknowledge for `min_idle` (it
+    /// died): they are handled again by `consumer`.
+    pub async fn reclaim_idle(
+        &self,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let reply: Result<StreamAutoClaimReply, redis::RedisError> = redis::cmd("XAUTOCLAIM")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg(consumer)
+            .arg(min_idle.as_millis() as u64)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut conn)
+            .await;
+        match reply {
+            Ok(reply) => Ok(reply.claimed.into_iter().map(decode).collect()),
+            Err(err) if err.code() == Some("NOGROUP") => Ok(Vec::new()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Acknowledges and deletes handled entries in one round trip: the stream keeps only work
+    /// in flight.
+    pub async fn ack_and_delete(&self, entry_ids: &[String]) -> Result<(), QueueError> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        measured(RedisOp::Ack, async {
+            let mut conn = self.pool.get().await?;
+            let mut pipe = redis::pipe();
+            pipe.cmd("XACK")
+                .arg(&self.stream)
+                .arg(&self.group)
+                .arg(entry_ids)
+                .ignore()
+                .cmd("XDEL")
+                .arg(&self.stream)
+                .arg(entry_ids)
+                .ignore();
+            pipe.query_async::<()>(&mut conn).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Entries in the stream (published and not yet acknowledged).
+    pub async fn stream_length(&self) -> Result<u64, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(redis::cmd("XLEN")
+            .arg(&self.stream)
+            .query_async(&mut conn)
+            .await?)
+    }
+}
+
+fn decode(entry: StreamId) -> Delivery {
+    let job = match entry.get::<String>("job") {
+        Some(raw) => serde_json::from_str::<Job>(&raw).map_err(|err| format!("{err}: {raw}")),
+        None => Err(format!("entry has no job field: {:?}", entry.map)),
+    };
+    Delivery {
+        entry_id: entry.id,
+        job,
+    }
+}

@@ -1,0 +1,181 @@
+//! The accept path (rule R1): one transaction writes the message, its outbox row and its first
+//! event. Nothing else is on this path: no Redis, no network call.
+
+use herald_core::{JobType, MessageState};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::metrics::{measured, Operation};
+use crate::StoreError;
+
+/// The channel the accept transaction notifies with the partition number, so an idle poller
+/// wakes at once instead of at its next poll.
+pub const OUTBOX_CHANNEL: &str = "herald_outbox";
+
+/// A validated message, ready to be written. The caller computed its id and partition.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    pub id: Uuid,
+    pub partition: u32,
+    pub recipient: String,
+    pub body: Value,
+    pub idempotency_key: Option<String>,
+    /// Identifies the request's content, to tell a retry from a conflicting reuse of a key.
+    pub fingerprint: [u8; 16],
+}
+
+/// What the accept path did with one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    pub id: Uuid,
+    /// False when the idempotency key was seen before with the same content.
+    pub created: bool,
+    pub state: MessageState,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// The key was used before for different content; nothing was written.
+    #[error("idempotency key {key:?} was already used with a different request")]
+    KeyConflict { index: usize, key: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for AcceptError {
+    fn from(err: sqlx::Error) -> Self {
+        AcceptError::Store(StoreError::Database(err))
+    }
+}
+
+/// The content fingerprint of a request: xxh3-128 of the canonical JSON of what the message
+/// would store (serde_json sorts object keys, so key order does not matter).
+pub fn fingerprint(recipient: &str, partition_key: Option<&str>, body: &Value) -> [u8; 16] {
+    let canonical = serde_json::json!({
+        "recipient": recipient,
+        "partition_key": partition_key,
+        "body": body,
+    });
+    let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
+    xxhash_rust::xxh3::xxh3_128(&bytes).to_be_bytes()
+}
+
+const INSERT_MESSAGES: &str = r#"
+WITH input AS (
+    SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[])
+        AS t(id, partition, recipient, body, idempotency_key, request_fingerprint)
+), inserted AS (
+    INSERT INTO messages (id, partition, recipient, body, idempotency_key, request_fingerprint)
+    SELECT id, partition, recipient, body, idempotency_key, request_fingerprint FROM input
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, partition
+), queued_outbox AS (
+    INSERT INTO outbox (partition, job_type, message_id)
+    SELECT partition, $7, id FROM inserted
+), first_events AS (
+    INSERT INTO message_events (message_id, state)
+    SELECT id, 'QUEUED' FROM inserted
+)
+SELECT id, partition FROM inserted
+"#;
+
+/// Writes a batch of messages in one transaction and answers, in input order, the id each
+/// request maps to. A key reused with other content rolls the whole batch back.
+pub async fn accept_messages(
+    pool: &PgPool,
+    messages: &[NewMessage],
+) -> Result<Vec<Accepted>, AcceptError> {
+    measured(Operation::Accept, accept_in_transaction(pool, messages)).await
+}
+
+async fn accept_in_transaction(
+    pool: &PgPool,
+    messages: &[NewMessage],
+) -> Result<Vec<Accepted>, AcceptError> {
+    let mut tx = pool.begin().await?;
+    let inserted: Vec<(Uuid, i32)> = sqlx::query_as(INSERT_MESSAGES)
+        .bind(messages.iter().map(|m| m.id).collect::<Vec<_>>())
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.partition as i32)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.recipient.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(messages.iter().map(|m| Json(&m.body)).collect::<Vec<_>>())
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.idempotency_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.fingerprint.to_vec())
+                .collect::<Vec<_>>(),
+        )
+        .bind(JobType::Send.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+
+    let mut partitions: Vec<i32> = inserted.iter().map(|(_, p)| *p).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    if !partitions.is_empty() {
+        sqlx::query("SELECT pg_notify($1, p::text) FROM UNNEST($2::int[]) AS p")
+            .bind(OUTBOX_CHANNEL)
+            .bind(&partitions)
+            .execute(&mut *tx)
+            .await?;
+    }
+
+    let mut answers = Vec::with_capacity(messages.len());
+    let created: std::collections::HashSet<Uuid> = inserted.iter().map(|(id, _)| *id).collect();
+    for (index, message) in messages.iter().enumerate() {
+        if created.contains(&message.id) {
+            answers.push(Accepted {
+                id: message.id,
+                created: true,
+                state: MessageState::Queued,
+            });
+            continue;
+        }
+        // Not inserted: its idempotency key exists. Same content is a retry; else a conflict.
+        let key = message.idempotency_key.clone().ok_or_else(|| {
+            StoreError::Corrupt(format!("message {} was not inserted", message.id))
+        })?;
+        let existing: (Uuid, Vec<u8>, String) = sqlx::query_as(
+            "SELECT m.id, m.request_fingerprint, s.state
+             FROM messages m JOIN message_current_state s ON s.message_id = m.id
+             WHERE m.idempotency_key = $1",
+        )
+        .bind(&key)
+        .fetch_one(&mut *tx)
+        .await?;
+        if existing.1 != message.fingerprint {
+            tx.rollback().await?;
+            return Err(AcceptError::KeyConflict { index, key });
+        }
+        let state = existing
+            .2
+            .parse()
+            .map_err(|err: herald_core::state::UnknownState| {
+                StoreError::Corrupt(err.to_string())
+            })?;
+        answers.push(Accepted {
+            id: existing.0,
+            created: false,
+            state,
+        });
+    }
+    tx.commit().await?;
+    Ok(answers)
+}

@@ -1,0 +1,189 @@
+//! The worker's statements (rules R4, R5): confirm ownership before the provider call, record
+//! the provider's answer after it, and schedule a retry or record a failure otherwise. Each is
+//! one statement, so each is its own transaction and none spans a network call.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::metrics::{measured, Operation};
+use crate::StoreError;
+
+/// A send the worker now owns: the message to submit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedSend {
+    pub message_id: Uuid,
+    pub recipient: String,
+    pub body: Value,
+    /// The ledger already holds this message's effect (an earlier attempt got through): the
+    /// worker must not call the provider again.
+    pub already_accepted: bool,
+}
+
+/// Marks the outbox row DONE and appends CLAIMED to its message, in one statement. Returns
+/// `None` when the row is not PROCESSING/PUBLISHED any more (another worker finished it, or a
+/// re-drive returned it to PENDING and a newer copy of the job is on its way): the caller
+/// drops its copy. No CLAIMED is appended for a message that is already ACCEPTED.
+pub async fn confirm_ownership(
+    pool: &PgPool,
+    partition: u32,
+    outbox_id: i64,
+    worker: &str,
+) -> Result<Option<OwnedSend>, StoreError> {
+    let row: Option<(Uuid, String, Json<Value>, bool)> = measured(
+        Operation::Confirm,
+        sqlx::query_as(
+            "WITH done AS (
+                 UPDATE outbox SET status = 'DONE'
+                 WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')
+                 RETURNING id, message_id, attempts
+             ), owned AS (
+                 SELECT done.id, done.message_id, done.attempts,
+                        EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = done.message_id)
+                            AS accepted
+                 FROM done
+             ), claimed AS (
+                 INSERT INTO message_events (message_id, state, detail)
+                 SELECT message_id, 'CLAIMED',
+                        jsonb_build_object('worker', $3::text, 'outbox_id', id,
+                                           'attempt', attempts)
+                 FROM owned WHERE NOT accepted
+             )
+             SELECT m.id, m.recipient, m.body, owned.accepted
+             FROM owned JOIN messages m ON m.id = owned.message_id",
+        )
+        .bind(partition as i32)
+        .bind(outbox_id)
+        .bind(worker)
+        .fetch_optional(pool),
+    )
+    .await?;
+    Ok(row.map(
+        |(message_id, recipient, Json(body), already_accepted)| OwnedSend {
+            message_id,
+            recipient,
+            body,
+            already_accepted,
+        },
+    ))
+}
+
+/// The provider's answer to a submit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderReceipt {
+    pub gateway: String,
+    pub provider_id: String,
+}
+
+/// Inserts the ledger row for the effect and appends ACCEPTED, in one statement. A second
+/// write of the same effect (same idempotency key) changes nothing and returns false.
+pub async fn record_accepted(
+    pool: &PgPool,
+    message_id: Uuid,
+    idempotency_key: &str,
+    receipt: &ProviderReceipt,
+) -> Result<bool, StoreError> {
+    let done = measured(
+        Operation::LedgerWrite,
+        sqlx::query(
+            "WITH effect AS (
+                 INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (idempotency_key) DO NOTHING
+                 RETURNING message_id
+             )
+             INSERT INTO message_events (message_id, state, detail)
+             SELECT message_id, 'ACCEPTED',
+                    jsonb_build_object('gateway', $3::text, 'provider_id', $4::text)
+             FROM effect",
+        )
+        .bind(idempotency_key)
+        .bind(message_id)
+        .bind(&receipt.gateway)
+        .bind(&receipt.provider_id)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// What became of a send that failed in a way worth retrying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// The outbox row is PENDING again, due after the back-off.
+    Scheduled,
+    /// The row used its last attempt and is DEAD.
+    Dead,
+    /// The row was not DONE (someone else moved it); nothing changed.
+    NotOwned,
+}
+
+/// Returns a DONE send row to PENDING, due after `backoff`, and appends RETRYING with the
+/// reason; past `max_attempts` the row becomes DEAD and the message gets a DEAD event.
+pub async fn schedule_retry(
+    pool: &PgPool,
+    partition: u32,
+    outbox_id: i64,
+    reason: &str,
+    backoff: Duration,
+    max_attempts: u32,
+) -> Result<RetryOutcome, StoreError> {
+    let status: Option<String> = measured(
+        Operation::Retry,
+        sqlx::query_scalar(
+            "WITH moved AS (
+                 UPDATE outbox
+                 SET status = CASE WHEN attempts >= $5 THEN 'DEAD' ELSE 'PENDING' END,
+                     available_at = now() + make_interval(secs => $4),
+                     claimed_at = NULL,
+                     last_error = $3
+                 WHERE partition = $1 AND id = $2 AND status = 'DONE'
+                 RETURNING id, message_id, attempts, status
+             ), event AS (
+                 INSERT INTO message_events (message_id, state, detail)
+                 SELECT message_id,
+                        CASE WHEN status = 'DEAD' THEN 'DEAD' ELSE 'RETRYING' END,
+                        jsonb_build_object('reason', $3::text, 'attempt', attempts,
+                                           'outbox_id', id)
+                 FROM moved
+             )
+             SELECT status FROM moved",
+        )
+        .bind(partition as i32)
+        .bind(outbox_id)
+        .bind(reason)
+        .bind(backoff.as_secs_f64())
+        .bind(max_attempts as i32)
+        .fetch_optional(pool),
+    )
+    .await?;
+    Ok(match status.as_deref() {
+        Some("PENDING") => RetryOutcome::Scheduled,
+        Some(_) => RetryOutcome::Dead,
+        None => RetryOutcome::NotOwned,
+    })
+}
+
+/// Appends FAILED with the reason: the message will not be sent (an internal check or the
+/// provider rejected it for good).
+pub async fn record_failed(
+    pool: &PgPool,
+    message_id: Uuid,
+    reason: &str,
+) -> Result<(), StoreError> {
+    measured(
+        Operation::Fail,
+        sqlx::query(
+            "INSERT INTO message_events (message_id, state, detail)
+             VALUES ($1, 'FAILED', jsonb_build_object('reason', $2::text))",
+        )
+        .bind(message_id)
+        .bind(reason)
+        .execute(pool),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! Herald's PostgreSQL layer. Every statement Herald runs against the database is here, next
+//! to the function that runs it: the accept transaction, the outbox claim / mark / re-drive
+//! (each fenced by the partition's epoch), the worker's ownership confirmation and ledger
+//! write, message histories and the verifier's counts. Functions take a pool or a transaction
+//! explicitly so the caller sees where transactions begin and end.
+
+pub mod accept;
+pub mod effects;
+pub mod leases;
+pub mod messages;
+pub mod metrics;
+pub mod migrate;
+pub mod outbox;
+pub mod verify;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+/// Errors of the store that callers branch on.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("the database was installed with {recorded} partitions; {requested} were asked for (the count cannot change after install)")]
+    PartitionCountMismatch { recorded: u32, requested: u32 },
+    #[error("the database has no recorded partition count: run `herald migrate` first")]
+    NotMigrated,
+    #[error("stored data is invalid: {0}")]
+    Corrupt(String),
+}
+
+/// How a role connects to PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub url: String,
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+/// Opens a pool; fails fast when the database cannot be reached.
+pub async fn connect(settings: &PoolSettings) -> Result<PgPool, StoreError> {
+    let options: PgConnectOptions = settings.url.parse()?;
+    let pool = PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_with(options.application_name("herald"))
+        .await?;
+    Ok(pool)
+}
+
+/// Readiness probe: one round trip.
+pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query("SELECT 1").execute(pool).await?;
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! Reading a message and its history.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// One entry of a message's append-only history.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Event {
+    pub seq: i64,
+    pub state: String,
+    pub at: DateTime<Utc>,
+    pub detail: Value,
+}
+
+/// A message, its derived current state and its full history, oldest event first.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MessageView {
+    pub id: Uuid,
+    pub partition: u32,
+    pub recipient: String,
+    pub body: Value,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub state: String,
+    pub events: Vec<Event>,
+}
+
+#[derive(sqlx::FromRow)]
+struct MessageRow {
+    id: Uuid,
+    partition: i32,
+    recipient: String,
+    body: Json<Value>,
+    idempotency_key: Option<String>,
+    created_at: DateTime<Utc>,
+    state: String,
+}
+
+/// The message with `id`, or `None`.
+pub async fn message_with_history(
+    pool: &PgPool,
+    id: Uuid,
+) -> Result<Option<MessageView>, StoreError> {
+    let message: Option<MessageRow> = sqlx::query_as(
+        "SELECT m.id, m.partition, m.recipient, m.body, m.idempotency_key, m.created_at,
+                    s.state
+             FROM messages m JOIN message_current_state s ON s.message_id = m.id
+             WHERE m.id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    let Some(MessageRow {
+        id,
+        partition,
+        recipient,
+        body: Json(body),
+        idempotency_key,
+        created_at,
+        state,
+    }) = message
+    else {
+        return Ok(None);
+    };
+    let events: Vec<(i64, String, DateTime<Utc>, Json<Value>)> = sqlx::query_as(
+        "SELECT seq, state, at, detail FROM message_events WHERE message_id = $1 ORDER BY seq",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some(MessageView {
+        id,
+        partition: partition as u32,
+        recipient,
+        body,
+        idempotency_key,
+        created_at,
+        state,
+        events: events
+            .into_iter()
+            .map(|(seq, state, at, Json(detail))| Event {
+                seq,
+                state,
+                at,
+                detail,
+            })
+            .collect(),
+    }))
+}

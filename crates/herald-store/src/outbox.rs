@@ -1,0 +1,225 @@
+//! The poller's statements on the outbox: claim, mark, release and re-drive (rules R2, R3).
+//! Every one of them names the partition and checks the caller's fencing epoch against
+//! `partition_leases` in the same statement: a poller that lost its partition changes nothing.
+
+use std::time::Duration;
+
+use herald_core::job::Job;
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::metrics::{measured, Operation};
+use crate::StoreError;
+
+pub use herald_core::Fence;
+
+#[derive(sqlx::FromRow)]
+struct ClaimedRow {
+    id: i64,
+    job_type: String,
+    message_id: Option<Uuid>,
+    payload: Json<Value>,
+    attempts: i32,
+}
+
+/// Claims up to `limit` PENDING rows that are due, oldest first, skipping rows another
+/// transaction holds. Claimed rows become PROCESSING with `claimed_at` set and `attempts`
+/// incremented.
+pub async fn claim_pending(
+    pool: &PgPool,
+    fence: Fence,
+    limit: u32,
+) -> Result<Vec<Job>, StoreError> {
+    let rows: Vec<ClaimedRow> = measured(
+        Operation::Claim,
+        sqlx::query_as(
+            "UPDATE outbox o
+             SET status = 'PROCESSING', claimed_at = now(), attempts = o.attempts + 1,
+                 claimed_epoch = $2
+             WHERE o.partition = $1
+               AND o.id IN (SELECT id FROM outbox
+                            WHERE partition = $1 AND status = 'PENDING' AND available_at <= now()
+                            ORDER BY id
+                            LIMIT $3
+                            FOR UPDATE SKIP LOCKED)
+               AND EXISTS (SELECT 1 FROM partition_leases l
+                           WHERE l.partition = $1 AND l.epoch = $2)
+             RETURNING o.id, o.job_type, o.message_id, o.payload, o.attempts",
+        )
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .bind(i64::from(limit))
+        .fetch_all(pool),
+    )
+    .await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in rows {
+        let job_type = row
+            .job_type
+            .parse()
+            .map_err(|err: herald_core::job::UnknownJobType| {
+                StoreError::Corrupt(err.to_string())
+            })?;
+        jobs.push(Job {
+            outbox_id: row.id,
+            partition: fence.partition,
+            job_type,
+            message_id: row.message_id,
+            attempt: row.attempts,
+            payload: row.payload.0,
+        });
+    }
+    jobs.sort_by_key(|job| job.outbox_id);
+    Ok(jobs)
+}
+
+/// Marks published rows PUBLISHED. Rows a worker already finished (DONE) are left alone.
+/// Returns how many rows changed.
+pub async fn mark_published(pool: &PgPool, fence: Fence, ids: &[i64]) -> Result<u64, StoreError> {
+    let done = measured(
+        Operation::Mark,
+        sqlx::query(
+            "UPDATE outbox SET status = 'PUBLISHED'
+             WHERE partition = $1 AND id = ANY($3) AND status = 'PROCESSING'
+               AND EXISTS (SELECT 1 FROM partition_leases l
+                           WHERE l.partition = $1 AND l.epoch = $2)",
+        )
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .bind(ids)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Returns claimed rows that could not be published to PENDING and gives back the attempt
+/// the claim counted: the job never reached the queue, so an outage of the queue store does
+/// not push rows towards DEAD.
+pub async fn release_unpublished(
+    pool: &PgPool,
+    fence: Fence,
+    ids: &[i64],
+) -> Result<u64, StoreError> {
+    let done = measured(
+        Operation::Release,
+        sqlx::query(
+            "UPDATE outbox SET status = 'PENDING', claimed_at = NULL,
+                               attempts = greatest(attempts - 1, 0)
+             WHERE partition = $1 AND id = ANY($3) AND status = 'PROCESSING'
+               AND EXISTS (SELECT 1 FROM partition_leases l
+                           WHERE l.partition = $1 AND l.epoch = $2)",
+        )
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .bind(ids)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// What one re-drive pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Redriven {
+    /// Stale rows returned to PENDING.
+    pub pending: u64,
+    /// Stale rows past the attempt limit, now DEAD (with a DEAD event on their message).
+    pub dead: u64,
+}
+
+/// Moves PROCESSING/PUBLISHED rows claimed longer than `stale_after` ago back to PENDING, or
+/// to DEAD once they used `max_attempts` claims. Nothing is deleted.
+pub async fn redrive_stale(
+    pool: &PgPool,
+    fence: Fence,
+    stale_after: Duration,
+    max_attempts: u32,
+) -> Result<Redriven, StoreError> {
+    let counts: Vec<(String, i64)> = measured(
+        Operation::Redrive,
+        sqlx::query_as(
+            "WITH stale AS (
+                 SELECT id FROM outbox
+                 WHERE partition = $1 AND status IN ('PROCESSING', 'PUBLISHED')
+                   AND claimed_at < now() - make_interval(secs => $3)
+                 FOR UPDATE SKIP LOCKED
+             ), moved AS (
+                 UPDATE outbox o
+                 SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
+                     last_error = 'stale: not confirmed by a worker in time'
+                 FROM stale
+                 WHERE o.partition = $1 AND o.id = stale.id
+                   AND EXISTS (SELECT 1 FROM partition_leases l
+                               WHERE l.partition = $1 AND l.epoch = $2)
+                 RETURNING o.id, o.status, o.message_id, o.job_type, o.attempts
+             ), dead_events AS (
+                 INSERT INTO message_events (message_id, state, detail)
+                 SELECT message_id, 'DEAD',
+                        jsonb_build_object('outbox_id', id, 'attempts', attempts,
+                                           'reason', 'attempt limit reached')
+                 FROM moved
+                 WHERE status = 'DEAD' AND job_type = 'send' AND message_id IS NOT NULL
+             )
+             SELECT status, count(*) FROM moved GROUP BY status",
+        )
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .bind(stale_after.as_secs_f64())
+        .bind(max_attempts as i32)
+        .fetch_all(pool),
+    )
+    .await?;
+    let mut redriven = Redriven::default();
+    for (status, count) in counts {
+        match status.as_str() {
+            "PENDING" => redriven.pending = count as u64,
+            "DEAD" => redriven.dead = count as u64,
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "re-drive moved a row to {other}"
+                )))
+            }
+        }
+    }
+    Ok(redriven)
+}
+
+/// PENDING rows and the age of the oldest one, per partition that has any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    pub partition: u32,
+    pub pending: i64,
+    pub oldest_age_seconds: f64,
+}
+
+/// The PENDING backlog of the given partitions (served by the partial indexes).
+pub async fn pending_backlog(
+    pool: &PgPool,
+    partitions: &[u32],
+) -> Result<Vec<Backlog>, StoreError> {
+    let partitions: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
+    let rows: Vec<(i32, i64, f64)> = measured(
+        Operation::Backlog,
+        sqlx::query_as(
+            "SELECT partition, count(*),
+                    coalesce(extract(epoch FROM now() - min(created_at))::float8, 0)
+             FROM outbox
+             WHERE status = 'PENDING' AND partition = ANY($1)
+             GROUP BY partition",
+        )
+        .bind(&partitions)
+        .fetch_all(pool),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(partition, pending, oldest_age_seconds)| Backlog {
+            partition: partition as u32,
+            pending,
+            oldest_age_seconds,
+        })
+        .collect())
+}

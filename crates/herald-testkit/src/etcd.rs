@@ -1,0 +1,112 @@
+//! An etcd server of our own: one member, client and peer ports free on 127.0.0.1.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::signal::Signal;
+
+use crate::process::{Launch, Managed};
+use crate::redis::which;
+use crate::{free_port, wait_until};
+
+pub struct LocalEtcd {
+    process: Managed,
+    client_port: u16,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl LocalEtcd {
+    pub async fn start() -> anyhow::Result<Self> {
+        let temp = tempfile::Builder::new().prefix("herald-etcd-").tempdir()?;
+        let mut etcd = Self::start_in(temp.path()).await?;
+        etcd._temp = Some(temp);
+        Ok(etcd)
+    }
+
+    pub async fn start_in(root: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(root)?;
+        let program =
+            which("etcd").context("etcd is not installed: install the etcd-server package")?;
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let args = vec![
+            "--name".to_owned(),
+            "herald".to_owned(),
+            "--data-dir".to_owned(),
+            root.join("data")
+                .to_str()
+                .context("non-UTF-8 path")?
+                .to_owned(),
+            "--listen-client-urls".to_owned(),
+            client.clone(),
+            "--advertise-client-urls".to_owned(),
+            client,
+            "--listen-peer-urls".to_owned(),
+            peer.clone(),
+            "--initial-advertise-peer-urls".to_owned(),
+            peer.clone(),
+            "--initial-cluster".to_owned(),
+            format!("herald={peer}"),
+            "--log-level".to_owned(),
+            "warn".to_owned(),
+        ];
+        let process = Managed::spawn(Launch {
+            program,
+            args,
+            env: Vec::new(),
+            user: None,
+            log: root.join("etcd.log"),
+        })?;
+        let etcd = Self {
+            process,
+            client_port,
+            _temp: None,
+        };
+        etcd.wait_ready().await?;
+        Ok(etcd)
+    }
+
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let url = format!("{}/health", self.endpoint());
+        let client = reqwest::Client::new();
+        wait_until("etcd", Duration::from_secs(30), || {
+            let request = client.get(&url).timeout(Duration::from_secs(1));
+            async move {
+                let body = request.send().await?.text().await?;
+                anyhow::ensure!(body.contains("\"health\":\"true\""), "not healthy: {body}");
+                Ok(())
+            }
+        })
+        .await
+        .with_context(|| self.process.log_tail(2000))
+    }
+
+    /// The client endpoint, e.g. `http://127.0.0.1:23790`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        self.process
+            .stop_with(Signal::SIGTERM, Duration::from_secs(10))
+            .await?;
+        Ok(())
+    }
+
+    /// Freezes the server (SIGSTOP): clients time out as if it were partitioned away.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.process.signal(Signal::SIGSTOP)
+    }
+
+    pub fn resume(&self) -> anyhow::Result<()> {
+        self.process.signal(Signal::SIGCONT)
+    }
+
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.process.start()?;
+        self.wait_ready().await
+    }
+}

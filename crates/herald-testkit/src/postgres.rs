@@ -1,0 +1,233 @@
+//! A PostgreSQL server of our own: initdb into a fresh directory (as the `postgres` user when
+//! running as root), listening on 127.0.0.1 on a free port.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use nix::sys::signal::Signal;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+use crate::process::{Launch, Managed};
+use crate::{free_port, wait_until};
+
+/// How the server trades durability for speed.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// fsync and synchronous commit on (for `herald dev` and benchmarks); off for tests.
+    pub durable: bool,
+    pub max_connections: u32,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            durable: false,
+            max_connections: 200,
+        }
+    }
+}
+
+/// A running PostgreSQL server. Dropped: killed, and its directory removed (if temporary).
+pub struct LocalPostgres {
+    process: Managed,
+    port: u16,
+    data_dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl LocalPostgres {
+    /// Starts a server in a fresh temporary directory.
+    pub async fn start() -> anyhow::Result<Self> {
+        let temp = tempfile::Builder::new().prefix("herald-pg-").tempdir()?;
+        let root = temp.path().to_path_buf();
+        let mut pg = Self::start_in(&root, &PostgresOptions::default()).await?;
+        pg._temp = Some(temp);
+        Ok(pg)
+    }
+
+    /// Starts a server whose files live under `root` (created, must be empty or absent).
+    pub async fn start_in(root: &Path, options: &PostgresOptions) -> anyhow::Result<Self> {
+        let bin = bin_dir()?;
+        std::fs::create_dir_all(root)?;
+        let user = postgres_user()?;
+        let data_dir = root.join("data");
+        let socket_dir = root.join("socket");
+        std::fs::create_dir_all(&socket_dir)?;
+        if let Some((uid, gid)) = user {
+            for dir in [root, &socket_dir] {
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+            }
+        }
+        let log = root.join("postgres.log");
+        std::fs::write(&log, b"")?;
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&log, Some(uid), Some(gid))?;
+        }
+
+        let mut initdb = tokio::process::Command::new(bin.join("initdb"));
+        initdb
+            .args([
+                "-D",
+                path_str(&data_dir)?,
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+            ])
+            .args(["--no-sync", "--locale=C.UTF-8"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some((uid, gid)) = user {
+            initdb.uid(uid).gid(gid);
+        }
+        let out = initdb.output().await.context("running initdb")?;
+        if !out.status.success() {
+            bail!(
+                "initdb failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+
+        let port = free_port()?;
+        let mut args = vec![
+            "-D".to_owned(),
+            path_str(&data_dir)?.to_owned(),
+            "-p".to_owned(),
+            port.to_string(),
+            "-k".to_owned(),
+            path_str(&socket_dir)?.to_owned(),
+            "-c".to_owned(),
+            "listen_addresses=127.0.0.1".to_owned(),
+            "-c".to_owned(),
+            format!("max_connections={}", options.max_connections),
+        ];
+        if !options.durable {
+            for setting in [
+                "fsync=off",
+                "synchronous_commit=off",
+                "full_page_writes=off",
+            ] {
+                args.push("-c".to_owned());
+                args.push(setting.to_owned());
+            }
+        }
+        let process = Managed::spawn(Launch {
+            program: bin.join("postgres"),
+            args,
+            env: Vec::new(),
+            user,
+            log,
+        })?;
+        let pg = Self {
+            process,
+            port,
+            data_dir,
+            _temp: None,
+        };
+        pg.wait_ready().await?;
+        Ok(pg)
+    }
+
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let url = self.url("postgres");
+        wait_until("postgres", Duration::from_secs(30), || {
+            let url = url.clone();
+            async move {
+                let pool = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&url)
+                    .await?;
+                sqlx::query("SELECT 1").execute(&pool).await?;
+                pool.close().await;
+                Ok(())
+            }
+        })
+        .await
+        .with_context(|| self.process.log_tail(2000))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The URL of `database` on this server.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Creates a database and returns its URL.
+    pub async fn create_database(&self, name: &str) -> anyhow::Result<String> {
+        let pool = self.admin_pool().await?;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&pool)
+            .await?;
+        pool.close().await;
+        Ok(self.url(name))
+    }
+
+    async fn admin_pool(&self) -> anyhow::Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&self.url("postgres"))
+            .await?)
+    }
+
+    /// Fast shutdown (SIGINT), waiting for it to finish.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        self.process
+            .stop_with(Signal::SIGINT, Duration::from_secs(30))
+            .await?;
+        Ok(())
+    }
+
+    /// kill -9 the postmaster.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        self.process.kill9().await
+    }
+
+    /// Starts the server again on the same port and data.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.process.start()?;
+        self.wait_ready().await
+    }
+}
+
+/// The newest installed PostgreSQL's binaries.
+pub fn bin_dir() -> anyhow::Result<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL is not installed (no /usr/lib/postgresql): install postgresql-15")?
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).context(
+        "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin: install postgresql-15",
+    )
+}
+
+/// The uid/gid to run PostgreSQL as: `postgres` when we are root, else ourselves.
+fn postgres_user() -> anyhow::Result<Option<(u32, u32)>> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Ok(None);
+    }
+    let user = nix::unistd::User::from_name("postgres")?
+        .context("running as root needs a `postgres` user for initdb (install postgresql-15)")?;
+    Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
+}
+
+fn path_str(path: &Path) -> anyhow::Result<&str> {
+    path.to_str().context("non-UTF-8 path")
+}

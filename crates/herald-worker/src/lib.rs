@@ -1,0 +1,155 @@
+//! The worker server. One server consumes one job type's stream with its own concurrency
+//! limit (a semaphore of its own, never shared with another job type) and runs that type's
+//! handler for every job, concurrently. A job is acknowledged and deleted only after its
+//! handler recorded an outcome in PostgreSQL; entries a dead consumer left behind are
+//! reclaimed after an idle timeout.
+
+pub mod metrics;
+pub mod provider;
+pub mod send;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_queue::{Delivery, QueueStore};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics as m;
+
+/// How a worker server consumes its stream.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// This consumer's name in the group (unique per process).
+    pub consumer: String,
+    /// Jobs handled at once.
+    pub concurrency: usize,
+    /// Longest a read blocks waiting for new entries.
+    pub read_block: Duration,
+    /// An entry unacknowledged this long by its consumer is taken over.
+    pub reclaim_idle: Duration,
+    /// How often idle entries are looked for.
+    pub reclaim_interval: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            consumer: "worker".to_owned(),
+            concurrency: 64,
+            read_block: Duration::from_secs(1),
+            reclaim_idle: Duration::from_secs(60),
+            reclaim_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What a handler decided about one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// An outcome is recorded in PostgreSQL: acknowledge and delete the entry.
+    Done,
+    /// Nothing could be recorded (the database is down): leave the entry pending so it is
+    /// reclaimed and handled again.
+    Keep,
+}
+
+/// A job type's handler.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        delivery: Delivery,
+        cancel: CancellationToken,
+    ) -> impl std::future::Future<Output = Handled> + Send;
+}
+
+/// Runs the server until `cancel`; in-flight jobs finish before it returns.
+pub async fn run<H: Handler>(
+    store: QueueStore,
+    handler: Arc<H>,
+    settings: WorkerSettings,
+    cancel: CancellationToken,
+) {
+    let job_type = store.job_type().as_str();
+    let semaphore = Arc::new(Semaphore::new(settings.concurrency));
+    ::metrics::gauge!(m::CONCURRENCY_LIMIT, "job_type" => job_type)
+        .set(settings.concurrency as f64);
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Err(err) = store.ensure_group().await {
+        tracing::warn!(error = %err, "cannot create the consumer group yet; retrying");
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+    let mut next_reclaim = tokio::time::Instant::now() + settings.reclaim_interval;
+    while !cancel.is_cancelled() {
+        while tasks.try_join_next().is_some() {}
+        // Read only as many entries as there are free slots, waiting for at least one.
+        let one = tokio::select! {
+            _ = cancel.cancelled() => break,
+            permit = semaphore.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let free = semaphore.available_permits() + 1;
+        drop(one);
+        let deliveries = if tokio::time::Instant::now() >= next_reclaim {
+            next_reclaim = tokio::time::Instant::now() + settings.reclaim_interval;
+            store
+                .reclaim_idle(&settings.consumer, settings.reclaim_idle, free)
+                .await
+                .inspect(|found| {
+                    if !found.is_empty() {
+                        tracing::warn!(
+                            count = found.len(),
+                            "reclaimed entries of a consumer that stopped"
+                        );
+                        ::metrics::counter!(m::RECLAIMED, "job_type" => job_type)
+                            .increment(found.len() as u64);
+                    }
+                })
+        } else {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                read = store.read(&settings.consumer, free, settings.read_block) => read,
+            }
+        };
+        let deliveries = match deliveries {
+            Ok(deliveries) => deliveries,
+            Err(err) => {
+                ::metrics::counter!(m::READ_ERRORS, "job_type" => job_type).increment(1);
+                tracing::warn!(error = %err, "reading the stream failed; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        for delivery in deliveries {
+            let Ok(permit) = semaphore.clone().acquire_owned().await else {
+                break;
+            };
+            let store = store.clone();
+            let handler = handler.clone();
+            let cancel = cancel.clone();
+            tasks.spawn(async move {
+                ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
+                    .increment(1.0);
+                let entry_id = delivery.entry_id.clone();
+                let handled = handler.handle(delivery, cancel).await;
+                if handled == Handled::Done {
+                    if let Err(err) = store.ack_and_delete(std::slice::from_ref(&entry_id)).await {
+                        // The outcome is recorded; the entry will be reclaimed and seen as done.
+                        tracing::warn!(error = %err, entry = %entry_id, "acknowledging failed");
+                    }
+                }
+                ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
+                    .decrement(1.0);
+                drop(permit);
+            });
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}

@@ -1,0 +1,35 @@
+//! The worker's metrics, declared in one place.
+
+/// Jobs handled, by job type and outcome.
+pub const JOBS: &str = "herald_jobs_total";
+/// Provider calls, by outcome (accepted, rejected, error, timeout).
+pub const PROVIDER_CALLS: &str = "herald_provider_calls_total";
+pub const PROVIDER_CALL_DURATION: &str = "herald_provider_call_duration_seconds";
+/// Entries taken over from a consumer that stopped acknowledging.
+pub const RECLAIMED: &str = "herald_jobs_reclaimed_total";
+pub const READ_ERRORS: &str = "herald_queue_read_errors_total";
+/// Entries that could not be decoded into a job.
+pub const MALFORMED: &str = "herald_queue_malformed_entries_total";
+pub const IN_FLIGHT: &str = "herald_worker_jobs_in_flight";
+pub const CONCURRENCY_LIMIT: &str = "herald_worker_concurrency_limit";
+
+pub fn describe() {
+    metrics::describe_counter!(JOBS, "Jobs handled, by job type and outcome.");
+    metrics::describe_counter!(PROVIDER_CALLS, "Provider submits, by outcome.");
+    metrics::describe_histogram!(
+        PROVIDER_CALL_DURATION,
+        metrics::Unit::Seconds,
+        "Provider submit calls, from request to answer."
+    );
+    metrics::describe_counter!(
+        RECLAIMED,
+        "Stream entries reclaimed from a stopped consumer."
+    );
+    metrics::describe_counter!(READ_ERRORS, "Failed reads of a job type's stream.");
+    metrics::describe_counter!(MALFORMED, "Stream entries that are not a valid job.");
+    metrics::describe_gauge!(IN_FLIGHT, "Jobs being handled now, by job type.");
+    metrics::describe_gauge!(
+        CONCURRENCY_LIMIT,
+        "The worker's concurrency limit, by job type."
+    );
+}

@@ -1,0 +1,386 @@
+//! The command line. Every flag can also be set through the `HERALD_*` environment variable
+//! named in its help; flags win over the environment, which wins over the defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use herald_core::JobType;
+use serde::Serialize;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "herald",
+    version,
+    about = "Herald: a message pipeline that never drops a message",
+    long_about = "Herald: a message pipeline that never drops a message.\n\n\
+        A client POSTs a message to `herald api`; it is committed with an outbox row in one \
+        PostgreSQL transaction. `herald poller` publishes outbox rows to Redis streams, \
+        `herald worker` sends them to the provider and records the outcome with an \
+        idempotency key, so a retry never becomes a second effect.\n\n\
+        Every flag can also be set with the HERALD_* environment variable shown in its help.\n\
+        Start with `herald dev`: every role plus local PostgreSQL, Redis and etcd, and a demo load."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Install or upgrade the database schema and fix the outbox's partition count.
+    Migrate(MigrateArgs),
+    /// Serve the HTTP API: accept messages into the outbox and answer their history.
+    Api(ApiArgs),
+    /// Drain the outbox's partitions into the queue stores and re-drive stale rows.
+    Poller(PollerArgs),
+    /// Consume one job type's queue store and run its handler (send: call the provider).
+    Worker(WorkerArgs),
+    /// Run the simulated provider: a real HTTP server with latency, errors and timeouts.
+    ProviderSim(SimArgs),
+    /// Prove that nothing was lost or doubled: compare the database with the provider's record.
+    Verify(VerifyArgs),
+    /// Run everything locally: PostgreSQL, Redis, etcd, every role, then a demo load.
+    Dev(DevArgs),
+}
+
+/// A configuration the process refuses to start with (exit status 64).
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Pretty,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct CommonArgs {
+    /// Log format: JSON lines (production) or human-readable.
+    #[arg(long, env = "HERALD_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+    /// Print the effective configuration (passwords masked) and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL, e.g. postgres://herald:secret@db:5432/herald.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    #[serde(serialize_with = "mask_password")]
+    pub database_url: String,
+    /// Largest number of PostgreSQL connections this process holds.
+    #[arg(long, env = "HERALD_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
+    pub database_max_connections: u32,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Outbox partitions, fixed at the first install; a later run must ask for the same count.
+    #[arg(long, env = "HERALD_PARTITIONS", default_value_t = 64)]
+    pub partitions: u32,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct ApiArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Address the API (and its /healthz, /readyz, /metrics) listens on.
+    #[arg(long, env = "HERALD_API_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Largest request body in bytes; larger requests get 413.
+    #[arg(long, env = "HERALD_API_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
+    pub max_body_bytes: usize,
+    /// Most messages in one batch request.
+    #[arg(long, env = "HERALD_API_MAX_BATCH", default_value_t = 1000)]
+    pub max_batch: usize,
+    /// API keys (comma-separated). When set, every /v1 route needs `Authorization: Bearer <key>`.
+    #[arg(
+        long,
+        env = "HERALD_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    #[serde(serialize_with = "mask_all")]
+    pub api_keys: Vec<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct QueueArgs {
+    /// Redis URL of the `send` job type's queue store.
+    #[arg(long, env = "HERALD_REDIS_SEND_URL")]
+    #[serde(serialize_with = "mask_password")]
+    pub redis_send_url: String,
+    /// Connections to each queue store.
+    #[arg(long, env = "HERALD_REDIS_MAX_CONNECTIONS", default_value_t = 16)]
+    pub redis_max_connections: usize,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct PollerArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub queue: QueueArgs,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "HERALD_ADMIN_LISTEN", default_value = "127.0.0.1:9091")]
+    pub admin_listen: SocketAddr,
+    /// This poller's name in partition leases (default: host name and process id).
+    #[arg(long, env = "HERALD_POLLER_ID")]
+    pub poller_id: Option<String>,
+    /// Rows claimed per statement.
+    #[arg(long, env = "HERALD_POLLER_BATCH_SIZE", default_value_t = 500)]
+    pub batch_size: u32,
+    /// Batches drained from one partition before it yields.
+    #[arg(long, env = "HERALD_POLLER_MAX_BATCHES_PER_TICK", default_value_t = 20)]
+    pub max_batches_per_tick: u32,
+    /// Longest an idle partition waits before claiming again (NOTIFY wakes it sooner).
+    #[arg(long, env = "HERALD_POLLER_POLL_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub poll_interval: Duration,
+    /// How often stale PROCESSING/PUBLISHED rows are looked for.
+    #[arg(long, env = "HERALD_POLLER_REDRIVE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub redrive_interval: Duration,
+    /// A claimed or published row not confirmed by a worker within this goes back to PENDING.
+    #[arg(long, env = "HERALD_POLLER_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub stale_after: Duration,
+    /// Claims a row may use before it becomes DEAD.
+    #[arg(long, env = "HERALD_MAX_ATTEMPTS", default_value_t = 10)]
+    pub max_attempts: u32,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// The job type this worker server runs (each type has its own servers and queue store).
+    #[arg(long, env = "HERALD_JOB_TYPE", value_parser = parse_job_type, default_value = "send")]
+    #[serde(serialize_with = "display")]
+    pub job_type: JobType,
+    /// Redis URL of this job type's queue store.
+    #[arg(long, env = "HERALD_REDIS_URL")]
+    #[serde(serialize_with = "mask_password")]
+    pub redis_url: String,
+    /// Connections to the queue store.
+    #[arg(long, env = "HERALD_REDIS_MAX_CONNECTIONS", default_value_t = 16)]
+    pub redis_max_connections: usize,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "HERALD_ADMIN_LISTEN", default_value = "127.0.0.1:9092")]
+    pub admin_listen: SocketAddr,
+    /// Jobs handled at once by this server.
+    #[arg(long, env = "HERALD_WORKER_CONCURRENCY", default_value_t = 64)]
+    pub concurrency: usize,
+    /// This consumer's name in the stream's group (default: host name and process id).
+    #[arg(long, env = "HERALD_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// Base URL of the provider (the simulator, or a real gateway adapter).
+    #[arg(long, env = "HERALD_PROVIDER_URL")]
+    pub provider_url: String,
+    /// A provider call that takes longer is abandoned and retried with the same key.
+    #[arg(long, env = "HERALD_PROVIDER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub provider_timeout: Duration,
+    /// Claims a send may use before it becomes DEAD.
+    #[arg(long, env = "HERALD_MAX_ATTEMPTS", default_value_t = 10)]
+    pub max_attempts: u32,
+    /// Back-off after the first failed provider call; doubles per attempt up to 1 minute.
+    #[arg(long, env = "HERALD_RETRY_BASE", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub retry_base: Duration,
+    /// An entry another consumer left unacknowledged this long is taken over.
+    #[arg(long, env = "HERALD_WORKER_RECLAIM_IDLE", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub reclaim_idle: Duration,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct SimArgs {
+    /// Address the simulator (and its /healthz, /readyz, /metrics) listens on.
+    #[arg(long, env = "HERALD_SIM_LISTEN", default_value = "127.0.0.1:9100")]
+    pub listen: SocketAddr,
+    /// Gateway names (comma-separated); each key is routed to one by hash.
+    #[arg(
+        long,
+        env = "HERALD_SIM_GATEWAYS",
+        value_delimiter = ',',
+        default_value = "gw-a,gw-b"
+    )]
+    pub gateways: Vec<String>,
+    /// Provider ids count 1..=N per gateway, then wrap.
+    #[arg(long, env = "HERALD_SIM_ID_WRAP", default_value_t = 65_535)]
+    pub id_wrap: u32,
+    /// Fixed latency of every submit.
+    #[arg(long, env = "HERALD_SIM_LATENCY", default_value = "0ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub latency: Duration,
+    /// Extra random latency, uniform between 0 and this.
+    #[arg(long, env = "HERALD_SIM_JITTER", default_value = "0ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub jitter: Duration,
+    /// Share of submits answered 503 without effect (0 to 1).
+    #[arg(long, env = "HERALD_SIM_ERROR_RATE", default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Share of submits that take effect but answer only after --timeout-delay (0 to 1).
+    #[arg(long, env = "HERALD_SIM_TIMEOUT_RATE", default_value_t = 0.0)]
+    pub timeout_rate: f64,
+    /// How late a "timed out" submit answers.
+    #[arg(long, env = "HERALD_SIM_TIMEOUT_DELAY", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub timeout_delay: Duration,
+    /// Append-only record of every submit (read back on start).
+    #[arg(
+        long,
+        env = "HERALD_SIM_LOG",
+        default_value = "provider-sim-submits.jsonl"
+    )]
+    pub log_path: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct VerifyArgs {
+    /// PostgreSQL URL of the Herald database.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    #[serde(serialize_with = "mask_password")]
+    pub database_url: String,
+    /// Base URL of the provider simulator whose record proves each submit.
+    #[arg(long, env = "HERALD_PROVIDER_SIM_URL")]
+    pub provider_sim: String,
+    /// Print the report as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct DevArgs {
+    /// Folder for the local servers' data and logs (wiped at start).
+    #[arg(long, env = "HERALD_DEV_DIR", default_value = ".herald-dev")]
+    pub dir: PathBuf,
+    /// Messages in the demo load (0: none).
+    #[arg(long, env = "HERALD_DEV_MESSAGES", default_value_t = 10_000)]
+    pub messages: usize,
+    /// Messages per batch request of the demo load (1 sends single requests).
+    #[arg(long, env = "HERALD_DEV_BATCH", default_value_t = 100)]
+    pub batch: usize,
+    /// Requests in flight at once during the demo load.
+    #[arg(long, env = "HERALD_DEV_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: usize,
+    /// Outbox partitions.
+    #[arg(long, env = "HERALD_PARTITIONS", default_value_t = 64)]
+    pub partitions: u32,
+    /// Longest wait for the demo load to be delivered.
+    #[arg(long, env = "HERALD_DEV_DRAIN_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub drain_timeout: Duration,
+    /// Keep every role running after the demo (until Ctrl-C).
+    #[arg(long)]
+    pub keep_running: bool,
+    /// Port of the API (the other roles take free ports).
+    #[arg(long, env = "HERALD_DEV_API_PORT", default_value_t = 8080)]
+    pub api_port: u16,
+}
+
+fn parse_job_type(value: &str) -> Result<JobType, String> {
+    match value.parse::<JobType>() {
+        Ok(JobType::Send) => Ok(JobType::Send),
+        Ok(other) => Err(format!(
+            "job type {other} has no handler yet (delivery receipts are not built); use send"
+        )),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// Prints `args` as JSON when `--print-config` was given; returns whether it did.
+pub fn print_config<T: Serialize>(common: &CommonArgs, args: &T) -> bool {
+    if common.print_config {
+        match serde_json::to_string_pretty(args) {
+            Ok(text) => println!("{text}"),
+            Err(err) => eprintln!("cannot print the configuration: {err}"),
+        }
+    }
+    common.print_config
+}
+
+fn mask_password<S: serde::Serializer>(url: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&masked_url(url))
+}
+
+/// The URL with any password replaced by `***`.
+pub fn masked_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+fn mask_all<S: serde::Serializer>(keys: &[String], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&format!("{} key(s), hidden", keys.len()))
+}
+
+fn human<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&humantime::format_duration(*duration).to_string())
+}
+
+fn display<S: serde::Serializer, T: std::fmt::Display>(
+    value: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
+}
+
+/// A name unique to this process: host name and process id.
+pub fn process_name(prefix: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".to_owned());
+    format!("{prefix}-{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_passwords_only() {
+        assert_eq!(
+            masked_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            masked_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+        assert_eq!(masked_url("postgres://u@h/db"), "postgres://u@h/db");
+    }
+}

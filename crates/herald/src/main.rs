@@ -1,0 +1,62 @@
+//! `herald`: one binary, one subcommand per role, so one container image serves every
+//! deployment. `main` parses the command line, starts telemetry, builds the role from its
+//! library crate and waits for shutdown.
+
+mod cli;
+mod roles;
+mod shutdown;
+mod telemetry;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+/// Exit status for a configuration the process refuses to start with (EX_USAGE).
+const EXIT_CONFIG: i32 = 64;
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { EXIT_CONFIG } else { 0 };
+            let _ = err.print();
+            std::process::exit(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("herald: cannot start the async runtime: {err}");
+            std::process::exit(1);
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            if let Some(config) = err.downcast_ref::<cli::ConfigError>() {
+                eprintln!("herald: invalid configuration: {config}");
+                std::process::exit(EXIT_CONFIG);
+            }
+            tracing::error!(error = format!("{err:#}"), "herald stopped on an error");
+            eprintln!("herald: {err:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Migrate(args) => roles::migrate::run(args).await,
+        Command::Api(args) => roles::api::main(args).await,
+        Command::Poller(args) => roles::poller::main(args).await,
+        Command::Worker(args) => roles::worker::main(args).await,
+        Command::ProviderSim(args) => roles::sim::main(args).await,
+        Command::Verify(args) => roles::verify::main(args).await,
+        Command::Dev(args) => roles::dev::main(args).await,
+    }
+}

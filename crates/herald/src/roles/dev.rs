@@ -1,0 +1,317 @@
+//! `herald dev`: local PostgreSQL, Redis and etcd under one folder, every role in this
+//! process, a demo load, and the proof that nothing was lost.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use herald_api::wire::{BatchItem, BatchRequest, BatchResponse, SendRequest};
+use herald_core::JobType;
+use herald_testkit::{LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{
+    ApiArgs, CommonArgs, DatabaseArgs, DevArgs, LogFormat, PollerArgs, QueueArgs, SimArgs,
+    WorkerArgs,
+};
+use crate::telemetry;
+
+pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
+    telemetry::init_logs(LogFormat::Pretty);
+    herald_testkit::packages::ensure_installed().await?;
+    if args.dir.exists() {
+        std::fs::remove_dir_all(&args.dir)?;
+    }
+    std::fs::create_dir_all(&args.dir)?;
+    let dir = std::fs::canonicalize(&args.dir)?;
+    println!("herald dev: servers and logs in {}", dir.display());
+
+    let pg = LocalPostgres::start_in(
+        &dir.join("postgres"),
+        &PostgresOptions {
+            durable: true,
+            max_connections: 200,
+        },
+    )
+    .await?;
+    let redis = LocalRedis::start_in(&dir.join("redis-send"), &RedisOptions::default()).await?;
+    let etcd = LocalEtcd::start_in(&dir.join("etcd")).await?;
+    let database_url = pg.create_database("herald").await?;
+    println!(
+        "PostgreSQL {}  Redis {}  etcd {}",
+        crate::cli::masked_url(&database_url),
+        redis.url(),
+        etcd.endpoint()
+    );
+
+    super::migrate::run(crate::cli::MigrateArgs {
+        database: database(&database_url, 2),
+        partitions: args.partitions,
+        common: common(),
+    })
+    .await?;
+
+    let cancel = CancellationToken::new();
+    let api_addr = api_address(args.api_port)?;
+    let sim_addr = free_address()?;
+    let poller_admin = free_address()?;
+    let worker_admin = free_address()?;
+    let mut roles = tokio::task::JoinSet::new();
+    roles.spawn(super::sim::run(sim_args(sim_addr, &dir), cancel.clone()));
+    roles.spawn(super::api::run(
+        ApiArgs {
+            database: database(&database_url, 32),
+            listen: api_addr,
+            max_body_bytes: 256 * 1024,
+            max_batch: 1000,
+            api_keys: Vec::new(),
+            common: common(),
+        },
+        cancel.clone(),
+    ));
+    roles.spawn(super::poller::run(
+        PollerArgs {
+            database: database(&database_url, 24),
+            queue: QueueArgs {
+                redis_send_url: redis.url(),
+                redis_max_connections: 16,
+            },
+            admin_listen: poller_admin,
+            poller_id: Some("dev-poller".to_owned()),
+            batch_size: 500,
+            max_batches_per_tick: 20,
+            poll_interval: Duration::from_millis(200),
+            redrive_interval: Duration::from_secs(5),
+            stale_after: Duration::from_secs(120),
+            max_attempts: 10,
+            common: common(),
+        },
+        cancel.clone(),
+    ));
+    roles.spawn(super::worker::run(
+        WorkerArgs {
+            database: database(&database_url, 32),
+            job_type: JobType::Send,
+            redis_url: redis.url(),
+            redis_max_connections: 16,
+            admin_listen: worker_admin,
+            concurrency: 128,
+            worker_id: Some("dev-worker".to_owned()),
+            provider_url: format!("http://{sim_addr}"),
+            provider_timeout: Duration::from_secs(10),
+            max_attempts: 10,
+            retry_base: Duration::from_millis(500),
+            reclaim_idle: Duration::from_secs(60),
+            common: common(),
+        },
+        cancel.clone(),
+    ));
+
+    let api = format!("http://{api_addr}");
+    wait_healthy(&api, &mut roles).await?;
+    println!("API {api}  provider simulator http://{sim_addr}  poller admin http://{poller_admin}  worker admin http://{worker_admin}");
+
+    let mut code = 0;
+    if args.messages > 0 {
+        code = demo(&args, &api, &database_url, &format!("http://{sim_addr}")).await?;
+    }
+    if args.keep_running {
+        println!("every role keeps running; try:\n  curl -s -X POST {api}/v1/messages -H 'content-type: application/json' -d '{{\"recipient\":\"+15550100\",\"body\":{{\"text\":\"hi\"}}}}'\nCtrl-C stops.");
+        let signal = crate::shutdown::on_signal();
+        signal.cancelled().await;
+    }
+    cancel.cancel();
+    while let Some(joined) = roles.join_next().await {
+        if let Ok(Err(err)) = joined {
+            tracing::warn!(error = format!("{err:#}"), "a role stopped with an error");
+        }
+    }
+    drop((pg, redis, etcd));
+    Ok(code)
+}
+
+async fn demo(args: &DevArgs, api: &str, database_url: &str, sim: &str) -> anyhow::Result<i32> {
+    let batch = args.batch.clamp(1, 1000);
+    println!(
+        "sending {} messages ({} per request, {} in flight)…",
+        args.messages, batch, args.concurrency
+    );
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let chunks: Vec<std::ops::Range<usize>> = (0..args.messages)
+        .step_by(batch)
+        .map(|start| start..(start + batch).min(args.messages))
+        .collect();
+    let results: Vec<anyhow::Result<usize>> = futures::stream::iter(chunks)
+        .map(|range| send_chunk(&client, api, range, batch))
+        .buffer_unordered(args.concurrency.max(1))
+        .collect()
+        .await;
+    let mut accepted = 0;
+    for result in results {
+        accepted += result?;
+    }
+    let accept_secs = started.elapsed().as_secs_f64();
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(database_url)
+        .await?;
+    let deadline = Instant::now() + args.drain_timeout;
+    loop {
+        let delivered: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+            .fetch_one(&pool)
+            .await?;
+        if delivered as usize >= accepted || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let total_secs = started.elapsed().as_secs_f64();
+    let report = super::verify::verify(&pool, sim).await?;
+    println!();
+    println!("demo summary");
+    println!(
+        "accept throughput:          {:.0} messages/s ({accepted} in {accept_secs:.2}s)",
+        accepted as f64 / accept_secs
+    );
+    println!(
+        "end-to-end throughput:      {:.0} messages/s (accept to ACCEPTED, {total_secs:.2}s)",
+        report.ledger.delivered as f64 / total_secs
+    );
+    report.print();
+    Ok(
+        if report.ok() && report.ledger.accepted as usize == accepted {
+            0
+        } else {
+            1
+        },
+    )
+}
+
+async fn send_chunk(
+    client: &reqwest::Client,
+    api: &str,
+    range: std::ops::Range<usize>,
+    batch: usize,
+) -> anyhow::Result<usize> {
+    let count = range.len();
+    if batch == 1 {
+        let i = range.start;
+        let request = SendRequest {
+            recipient: format!("+1555{:07}", i % 5000),
+            body: serde_json::json!({ "text": format!("demo message {i}") }),
+            partition_key: None,
+        };
+        let response = client
+            .post(format!("{api}/v1/messages"))
+            .json(&request)
+            .send()
+            .await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "API answered {}",
+            response.status()
+        );
+        return Ok(1);
+    }
+    let request = BatchRequest {
+        messages: range
+            .map(|i| BatchItem {
+                recipient: format!("+1555{:07}", i % 5000),
+                body: serde_json::json!({ "text": format!("demo message {i}") }),
+                partition_key: None,
+                idempotency_key: Some(format!("demo-{i}")),
+            })
+            .collect(),
+    };
+    let response = client
+        .post(format!("{api}/v1/messages/batch"))
+        .json(&request)
+        .send()
+        .await?;
+    let status = response.status();
+    anyhow::ensure!(
+        status.is_success(),
+        "API answered {status}: {}",
+        response.text().await.unwrap_or_default()
+    );
+    let answer: BatchResponse = response.json().await?;
+    anyhow::ensure!(
+        answer.messages.len() == count,
+        "API answered {} ids for {count} messages",
+        answer.messages.len()
+    );
+    Ok(count)
+}
+
+async fn wait_healthy(
+    api: &str,
+    roles: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(Ok(Err(err))) = roles.try_join_next() {
+            return Err(err.context("a role failed to start"));
+        }
+        if let Ok(response) = client.get(format!("{api}/readyz")).send().await {
+            if response.status().is_success() {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the API did not become ready in 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn database(url: &str, max_connections: u32) -> DatabaseArgs {
+    DatabaseArgs {
+        database_url: url.to_owned(),
+        database_max_connections: max_connections,
+    }
+}
+
+fn common() -> CommonArgs {
+    CommonArgs {
+        log_format: LogFormat::Pretty,
+        print_config: false,
+    }
+}
+
+fn free_address() -> anyhow::Result<SocketAddr> {
+    Ok(SocketAddr::from((
+        [127, 0, 0, 1],
+        herald_testkit::free_port()?,
+    )))
+}
+
+/// The asked-for API port, or a free one (with a note) when it is taken.
+fn api_address(port: u16) -> anyhow::Result<SocketAddr> {
+    let wanted = SocketAddr::from(([127, 0, 0, 1], port));
+    if std::net::TcpListener::bind(wanted).is_ok() {
+        return Ok(wanted);
+    }
+    let fallback = free_address()?;
+    println!("port {port} is taken; the API listens on {fallback} instead");
+    Ok(fallback)
+}
+
+/// The simulator's arguments for `herald dev`: no injected faults, its log under `dir`.
+pub fn sim_args(listen: SocketAddr, dir: &std::path::Path) -> SimArgs {
+    SimArgs {
+        listen,
+        gateways: vec!["gw-a".to_owned(), "gw-b".to_owned()],
+        id_wrap: 65_535,
+        latency: Duration::ZERO,
+        jitter: Duration::ZERO,
+        error_rate: 0.0,
+        timeout_rate: 0.0,
+        timeout_delay: Duration::from_secs(30),
+        log_path: dir.join("provider-sim-submits.jsonl"),
+        common: common(),
+    }
+}

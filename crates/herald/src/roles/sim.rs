@@ -1,0 +1,42 @@
+//! `herald provider-sim`.
+
+use std::sync::Arc;
+
+use herald_provider_sim::SimSettings;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{print_config, ConfigError, SimArgs};
+use crate::{shutdown, telemetry};
+
+pub async fn main(args: SimArgs) -> anyhow::Result<i32> {
+    if print_config(&args.common, &args) {
+        return Ok(0);
+    }
+    telemetry::init_logs(args.common.log_format);
+    run(args, shutdown::on_signal()).await?;
+    Ok(0)
+}
+
+pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()> {
+    let metrics = telemetry::init_metrics()?;
+    let settings = SimSettings {
+        gateways: args
+            .gateways
+            .iter()
+            .map(|g| g.trim().to_owned())
+            .filter(|g| !g.is_empty())
+            .collect(),
+        id_wrap: args.id_wrap,
+        latency: args.latency,
+        jitter: args.jitter,
+        error_rate: args.error_rate,
+        timeout_rate: args.timeout_rate,
+        timeout_delay: args.timeout_delay,
+        log_path: args.log_path.clone(),
+    };
+    let router =
+        herald_provider_sim::router(settings).map_err(|err| ConfigError(err.to_string()))?;
+    let always_ready: telemetry::Readiness = Arc::new(|| Box::pin(async { Ok(()) }));
+    let router = router.merge(telemetry::admin_router(metrics, always_ready));
+    telemetry::serve(args.listen, router, cancel).await
+}

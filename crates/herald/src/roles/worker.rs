@@ -1,0 +1,81 @@
+//! `herald worker`.
+
+use std::sync::Arc;
+
+use herald_queue::{QueueStore, StoreSettings};
+use herald_worker::provider::ProviderClient;
+use herald_worker::send::{SendHandler, SendSettings};
+use herald_worker::WorkerSettings;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{print_config, process_name, ConfigError, WorkerArgs};
+use crate::{shutdown, telemetry};
+
+pub async fn main(args: WorkerArgs) -> anyhow::Result<i32> {
+    if print_config(&args.common, &args) {
+        return Ok(0);
+    }
+    telemetry::init_logs(args.common.log_format);
+    run(args, shutdown::on_signal()).await?;
+    Ok(0)
+}
+
+pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<()> {
+    if args.concurrency == 0 || args.max_attempts == 0 {
+        return Err(
+            ConfigError("--concurrency and --max-attempts must be at least 1".into()).into(),
+        );
+    }
+    let metrics = telemetry::init_metrics()?;
+    let pool = super::connect(&args.database).await?;
+    let store = QueueStore::new(&StoreSettings {
+        url: args.redis_url.clone(),
+        job_type: args.job_type,
+        max_connections: args.redis_max_connections,
+    })
+    .map_err(|err| ConfigError(format!("--redis-url: {err}")))?;
+    let provider = ProviderClient::new(&args.provider_url, args.provider_timeout)
+        .map_err(|err| ConfigError(format!("--provider-url: {err}")))?;
+    let admin = telemetry::admin_router(
+        metrics,
+        super::database_and_queue_ready(pool.clone(), store.clone()),
+    );
+    let admin_cancel = CancellationToken::new();
+    let admin_task = tokio::spawn(telemetry::serve(
+        args.admin_listen,
+        admin,
+        admin_cancel.clone(),
+    ));
+
+    let consumer = args
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| process_name("worker"));
+    let handler = Arc::new(SendHandler {
+        pool,
+        provider,
+        settings: SendSettings {
+            max_attempts: args.max_attempts,
+            retry_base: args.retry_base,
+            worker: consumer.clone(),
+            ..SendSettings::default()
+        },
+    });
+    tracing::info!(job_type = %args.job_type, %consumer, concurrency = args.concurrency, "worker started");
+    herald_worker::run(
+        store,
+        handler,
+        WorkerSettings {
+            consumer,
+            concurrency: args.concurrency,
+            reclaim_idle: args.reclaim_idle,
+            ..WorkerSettings::default()
+        },
+        cancel,
+    )
+    .await;
+    admin_cancel.cancel();
+    let _ = admin_task.await;
+    tracing::info!("worker stopped");
+    Ok(())
+}
