@@ -42,7 +42,7 @@ async fn accept_one_inner(
     let key = idempotency_header(headers)?;
     let value = read_json(state, headers, body).await?;
     let message = validate::message(&value, "", key, false, state.partitions)?;
-    let accepted = commit(state, &[message]).await?;
+    let accepted = commit(state, &[message], Form::Single).await?;
     let first = accepted
         .into_iter()
         .next()
@@ -136,7 +136,7 @@ async fn accept_batch_inner(
         }
         messages.push(message);
     }
-    let accepted = commit(state, &messages).await?;
+    let accepted = commit(state, &messages, Form::Batch).await?;
     let status = if accepted.iter().any(|a| a.created) {
         StatusCode::ACCEPTED
     } else {
@@ -175,7 +175,18 @@ pub(crate) async fn get_message(State(state): State<ApiState>, Path(id): Path<St
     }
 }
 
-async fn commit(state: &ApiState, messages: &[NewMessage]) -> Result<Vec<Accepted>, Problem> {
+/// Which request form is being committed: it decides how a key conflict names its field.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Single,
+    Batch,
+}
+
+async fn commit(
+    state: &ApiState,
+    messages: &[NewMessage],
+    form: Form,
+) -> Result<Vec<Accepted>, Problem> {
     match accept_messages(&state.pool, messages).await {
         Ok(accepted) => {
             let created = accepted.iter().filter(|a| a.created).count() as u64;
@@ -184,10 +195,9 @@ async fn commit(state: &ApiState, messages: &[NewMessage]) -> Result<Vec<Accepte
             Ok(accepted)
         }
         Err(AcceptError::KeyConflict { index, key }) => {
-            let field = if messages.len() > 1 || messages.first().is_some_and(|_| index > 0) {
-                format!("messages[{index}].idempotency_key")
-            } else {
-                "Idempotency-Key".to_owned()
+            let field = match form {
+                Form::Single => "Idempotency-Key".to_owned(),
+                Form::Batch => format!("messages[{index}].idempotency_key"),
             };
             Err(Problem::new(
                 StatusCode::CONFLICT,

@@ -1,1 +1,8 @@
-//! placeholder
+//! Herald end to end: the built `herald` binary's roles as separate processes against real
+//! PostgreSQL, Redis and etcd servers and the provider simulator.
+
+mod cli;
+mod deployment;
+mod pipeline;
+
+pub use deployment::{Deployment, Options};

@@ -1,0 +1,151 @@
+use serde_json::{json, Value};
+
+use crate::TestApi;
+
+#[tokio::test]
+async fn accepted_message_is_queued_with_its_history() {
+    let api = TestApi::default().await;
+    let response = api
+        .post("/v1/messages")
+        .json(&json!({"recipient": "+15550100", "body": {"text": "hi"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["state"], "QUEUED");
+    let id = answer["id"].as_str().unwrap();
+    assert_eq!(location, format!("/v1/messages/{id}"));
+    assert_eq!(api.rows().await, (1, 1, 1));
+
+    let view: Value = api
+        .get(&location)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["id"], id);
+    assert_eq!(view["state"], "QUEUED");
+    assert_eq!(view["recipient"], "+15550100");
+    assert_eq!(view["body"], json!({"text": "hi"}));
+    assert_eq!(view["events"].as_array().unwrap().len(), 1);
+    assert_eq!(view["events"][0]["state"], "QUEUED");
+
+    // The partition follows the partition key (default: the recipient).
+    let partition: i32 = sqlx::query_scalar("SELECT partition FROM outbox")
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    let expected =
+        herald_core::partition_of("+15550100", herald_core::PartitionCount::new(8).unwrap());
+    assert_eq!(partition as u32, expected);
+}
+
+#[tokio::test]
+async fn idempotency_key_replays_the_same_id_and_refuses_other_content() {
+    let api = TestApi::default().await;
+    let send = |body: Value| {
+        api.post("/v1/messages")
+            .header("Idempotency-Key", "order-42")
+            .json(&json!({"recipient": "a@example.com", "body": body}))
+            .send()
+    };
+    let first = send(json!({"n": 1})).await.unwrap();
+    assert_eq!(first.status(), 202);
+    let first: Value = first.json().await.unwrap();
+    let again = send(json!({"n": 1})).await.unwrap();
+    assert_eq!(again.status(), 200);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["id"], first["id"]);
+    assert_eq!(again["created"], false);
+
+    let conflict = send(json!({"n": 2})).await.unwrap();
+    let problem = crate::assert_problem(conflict, 409, Some("Idempotency-Key")).await;
+    assert!(problem["detail"].as_str().unwrap().contains("order-42"));
+    assert_eq!(api.rows().await, (1, 1, 1));
+}
+
+#[tokio::test]
+async fn batch_answers_ids_in_order_and_is_all_or_nothing() {
+    let api = TestApi::default().await;
+    let messages: Vec<Value> = (0..50)
+        .map(|i| json!({"recipient": format!("r{i}"), "body": {"i": i}, "idempotency_key": format!("b-{i}")}))
+        .collect();
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&json!({ "messages": messages }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let answer: Value = response.json().await.unwrap();
+    let ids: Vec<String> = answer["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 50);
+    for (i, id) in ids.iter().enumerate() {
+        let recipient: String =
+            sqlx::query_scalar("SELECT recipient FROM messages WHERE id = $1::uuid")
+                .bind(id)
+                .fetch_one(&api.pool)
+                .await
+                .unwrap();
+        assert_eq!(recipient, format!("r{i}"));
+    }
+    assert_eq!(api.rows().await, (50, 50, 50));
+
+    // Replaying the batch answers the same ids with 200.
+    let replay = api
+        .post("/v1/messages/batch")
+        .json(&json!({ "messages": messages }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), 200);
+    let replay: Value = replay.json().await.unwrap();
+    assert_eq!(replay["messages"][49]["id"].as_str().unwrap(), ids[49]);
+
+    // One bad item: 422 naming it, and nothing of the batch is written.
+    let mut bad: Vec<Value> = (0..5)
+        .map(|i| json!({"recipient": format!("x{i}"), "body": "b"}))
+        .collect();
+    bad[3] = json!({"recipient": "x3"});
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&json!({ "messages": bad }))
+        .send()
+        .await
+        .unwrap();
+    crate::assert_problem(response, 422, Some("messages[3].body")).await;
+
+    // A key used twice in one batch, and a key reused with other content.
+    let twice = json!({"messages": [
+        {"recipient": "a", "body": 1, "idempotency_key": "dup"},
+        {"recipient": "b", "body": 2, "idempotency_key": "dup"}
+    ]});
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&twice)
+        .send()
+        .await
+        .unwrap();
+    crate::assert_problem(response, 422, Some("messages[1].idempotency_key")).await;
+    let reused = json!({"messages": [
+        {"recipient": "new", "body": 1},
+        {"recipient": "r7", "body": {"i": 999}, "idempotency_key": "b-7"}
+    ]});
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&reused)
+        .send()
+        .await
+        .unwrap();
+    crate::assert_problem(response, 409, Some("messages[1].idempotency_key")).await;
+    assert_eq!(api.rows().await, (50, 50, 50));
+}

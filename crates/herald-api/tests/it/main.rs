@@ -1,0 +1,98 @@
+//! The API over HTTP against a real PostgreSQL: accept, idempotency, history, every kind of
+//! bad request, and API keys.
+
+mod accept;
+mod auth;
+mod errors;
+
+use std::sync::Arc;
+
+use herald_api::{ApiState, Limits};
+use herald_core::PartitionCount;
+use herald_testkit::LocalPostgres;
+use reqwest::Response;
+use serde_json::Value;
+use sqlx::PgPool;
+
+pub struct TestApi {
+    pub base: String,
+    pub pool: PgPool,
+    pub client: reqwest::Client,
+    _pg: LocalPostgres,
+}
+
+impl TestApi {
+    pub async fn start(api_keys: &[&str], limits: Limits) -> Self {
+        let pg = LocalPostgres::start().await.expect("postgres");
+        let url = pg.create_database("herald").await.expect("database");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .expect("connect");
+        herald_store::migrate::migrate(&pool, PartitionCount::new(8).unwrap())
+            .await
+            .expect("migrate");
+        let state = ApiState {
+            pool: pool.clone(),
+            partitions: PartitionCount::new(8).unwrap(),
+            limits,
+            api_keys: Arc::new(api_keys.iter().map(|k| k.to_string()).collect()),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            axum::serve(listener, herald_api::router(state))
+                .await
+                .unwrap();
+        });
+        Self {
+            base,
+            pool,
+            client: reqwest::Client::new(),
+            _pg: pg,
+        }
+    }
+
+    pub async fn default() -> Self {
+        Self::start(&[], Limits::default()).await
+    }
+
+    pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client.post(format!("{}{path}", self.base))
+    }
+
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client.get(format!("{}{path}", self.base))
+    }
+
+    /// Rows in messages, outbox and message_events.
+    pub async fn rows(&self) -> (i64, i64, i64) {
+        sqlx::query_as(
+            "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM outbox),
+                    (SELECT count(*) FROM message_events)",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+/// Asserts a problem+json answer with `status` naming `field`; returns the body.
+pub async fn assert_problem(response: Response, status: u16, field: Option<&str>) -> Value {
+    assert_eq!(response.status().as_u16(), status);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(content_type.as_deref(), Some("application/problem+json"));
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], status);
+    assert!(body["type"]
+        .as_str()
+        .unwrap()
+        .starts_with("urn:herald:problem:"));
+    assert!(!body["detail"].as_str().unwrap().is_empty());
+    assert_eq!(body["field"].as_str(), field, "{body}");
+    body
+}

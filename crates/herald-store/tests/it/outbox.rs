@@ -1,0 +1,163 @@
+use std::time::Duration;
+
+use herald_store::accept::accept_messages;
+use herald_store::leases::{record_epoch, take_over};
+use herald_store::outbox::{
+    claim_pending, mark_published, redrive_stale, release_unpublished, Redriven,
+};
+
+use crate::{count, message, migrated};
+
+async fn statuses(pool: &sqlx::PgPool) -> Vec<(String, i32)> {
+    sqlx::query_as("SELECT status, attempts FROM outbox ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn claim_mark_and_release_walk_the_states_and_count_attempts() {
+    let (_pg, pool) = migrated(4).await;
+    let batch: Vec<_> = (0..5).map(|i| message(1, None, &format!("m{i}"))).collect();
+    accept_messages(&pool, &batch).await.unwrap();
+    accept_messages(&pool, &[message(2, None, "other partition")])
+        .await
+        .unwrap();
+    let fence = take_over(&pool, 1, "p1").await.unwrap();
+
+    let jobs = claim_pending(&pool, fence, 3).await.unwrap();
+    assert_eq!(jobs.len(), 3);
+    assert!(jobs.iter().all(|j| j.partition == 1 && j.attempt == 1));
+    let ids: Vec<i64> = jobs.iter().map(|j| j.outbox_id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "oldest first: {ids:?}");
+    assert_eq!(mark_published(&pool, fence, &ids[..2]).await.unwrap(), 2);
+    assert_eq!(
+        release_unpublished(&pool, fence, &ids[2..]).await.unwrap(),
+        1
+    );
+    let mut seen = statuses(&pool).await;
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("PENDING".to_owned(), 0),
+            ("PENDING".to_owned(), 0),
+            ("PENDING".to_owned(), 0),
+            ("PENDING".to_owned(), 0),
+            ("PUBLISHED".to_owned(), 1),
+            ("PUBLISHED".to_owned(), 1),
+        ]
+    );
+    // The rest of partition 1 (three rows); partition 2's row is not touched.
+    assert_eq!(claim_pending(&pool, fence, 100).await.unwrap().len(), 3);
+    assert_eq!(claim_pending(&pool, fence, 100).await.unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn a_deposed_owner_changes_nothing() {
+    let (_pg, pool) = migrated(4).await;
+    accept_messages(&pool, &[message(0, None, "a"), message(0, None, "b")])
+        .await
+        .unwrap();
+    let old = take_over(&pool, 0, "old").await.unwrap();
+    let claimed = claim_pending(&pool, old, 1).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let new = take_over(&pool, 0, "new").await.unwrap();
+    assert!(new.epoch > old.epoch);
+
+    let ids = vec![claimed[0].outbox_id];
+    assert_eq!(claim_pending(&pool, old, 10).await.unwrap().len(), 0);
+    assert_eq!(mark_published(&pool, old, &ids).await.unwrap(), 0);
+    assert_eq!(release_unpublished(&pool, old, &ids).await.unwrap(), 0);
+    assert_eq!(
+        redrive_stale(&pool, old, Duration::ZERO, 10).await.unwrap(),
+        Redriven::default()
+    );
+    // An older epoch cannot be recorded over a newer one.
+    assert!(!record_epoch(&pool, 0, "old", old.epoch).await.unwrap());
+    assert!(record_epoch(&pool, 0, "newer", new.epoch + 5)
+        .await
+        .unwrap());
+    assert_eq!(claim_pending(&pool, new, 10).await.unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn redrive_returns_stale_rows_and_kills_them_past_the_attempt_limit() {
+    let (_pg, pool) = migrated(4).await;
+    let sent = message(3, None, "stale");
+    accept_messages(&pool, &[sent.clone()]).await.unwrap();
+    let fence = take_over(&pool, 3, "p").await.unwrap();
+
+    // Claimed and published, never confirmed: not stale yet under a long timeout…
+    let jobs = claim_pending(&pool, fence, 10).await.unwrap();
+    mark_published(&pool, fence, &[jobs[0].outbox_id])
+        .await
+        .unwrap();
+    let moved = redrive_stale(&pool, fence, Duration::from_secs(3600), 2)
+        .await
+        .unwrap();
+    assert_eq!(moved, Redriven::default());
+    // …stale under a zero timeout: back to PENDING.
+    let moved = redrive_stale(&pool, fence, Duration::ZERO, 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        moved,
+        Redriven {
+            pending: 1,
+            dead: 0
+        }
+    );
+    assert_eq!(statuses(&pool).await, vec![("PENDING".to_owned(), 1)]);
+
+    // The second claim uses the last attempt: the next re-drive makes it DEAD, visibly.
+    assert_eq!(claim_pending(&pool, fence, 10).await.unwrap()[0].attempt, 2);
+    let moved = redrive_stale(&pool, fence, Duration::ZERO, 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        moved,
+        Redriven {
+            pending: 0,
+            dead: 1
+        }
+    );
+    assert_eq!(statuses(&pool).await, vec![("DEAD".to_owned(), 2)]);
+    let dead_events = count(
+        &pool,
+        &format!(
+            "SELECT count(*) FROM message_events WHERE state = 'DEAD' AND message_id = '{}'",
+            sent.id
+        ),
+    )
+    .await;
+    assert_eq!(dead_events, 1);
+    // Nothing was deleted on the way.
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 1);
+}
+
+#[tokio::test]
+async fn the_claim_uses_the_partial_index() {
+    let (_pg, pool) = migrated(2).await;
+    // 20,000 finished rows and a few pending ones in one partition.
+    sqlx::query(
+        "INSERT INTO outbox (partition, job_type, status)
+         SELECT 1, 'send', CASE WHEN g % 5000 = 0 THEN 'PENDING' ELSE 'DONE' END
+         FROM generate_series(1, 20000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE outbox").execute(&pool).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT id FROM outbox
+         WHERE partition = 1 AND status = 'PENDING' AND available_at <= now()
+         ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("outbox_p0001_pending"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+}

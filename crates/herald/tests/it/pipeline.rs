@@ -1,0 +1,209 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::{Deployment, Options};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_messages_are_each_accepted_once() {
+    let herald = Deployment::start(Options::default()).await;
+    let ids = herald.send(10_000, 500, 4).await;
+    assert_eq!(ids.len(), 10_000);
+    herald
+        .wait_delivered(10_000, Duration::from_secs(240))
+        .await;
+
+    // Exactly one ledger row per accepted id, and every one ACCEPTED.
+    let rows: Vec<(String, i64, String)> = sqlx::query_as(
+        "SELECT m.id::text, (SELECT count(*) FROM ledger l WHERE l.message_id = m.id), s.state
+         FROM messages m JOIN message_current_state s ON s.message_id = m.id",
+    )
+    .fetch_all(&herald.pool)
+    .await
+    .unwrap();
+    let by_id: HashMap<String, (i64, String)> = rows
+        .into_iter()
+        .map(|(id, n, state)| (id, (n, state)))
+        .collect();
+    assert_eq!(by_id.len(), 10_000);
+    for id in &ids {
+        let (ledger_rows, state) = &by_id[id];
+        assert_eq!(*ledger_rows, 1, "{id}");
+        assert_eq!(state, "ACCEPTED", "{id}");
+    }
+
+    // Every ledger key was submitted to the provider at least once.
+    let submitted = herald
+        .client
+        .get(format!("{}/v1/submits", herald.sim_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let submitted: HashMap<&str, u64> = submitted
+        .lines()
+        .map(|line| {
+            let (key, n) = line.rsplit_once(' ').unwrap();
+            (key, n.parse().unwrap())
+        })
+        .collect();
+    let keys: Vec<String> = sqlx::query_scalar("SELECT idempotency_key FROM ledger")
+        .fetch_all(&herald.pool)
+        .await
+        .unwrap();
+    for key in &keys {
+        assert!(
+            submitted.get(key.as_str()).copied().unwrap_or(0) >= 1,
+            "{key} never submitted"
+        );
+    }
+
+    // The outbox is all DONE, nothing deleted.
+    let done: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'DONE'")
+        .fetch_one(&herald.pool)
+        .await
+        .unwrap();
+    assert_eq!(done, 10_000);
+
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("lost:                       0"), "{report}");
+
+    // Every stage exports its timing histogram and counters.
+    let poller = herald.metrics(&herald.poller_admin).await;
+    let worker = herald.metrics(&herald.worker_admin).await;
+    let api = herald.metrics(&herald.api_url).await;
+    for (text, names) in [
+        (
+            &api,
+            vec![
+                "herald_accept_transaction_duration_seconds_bucket",
+                "herald_messages_accepted_total",
+            ],
+        ),
+        (
+            &poller,
+            vec![
+                "herald_outbox_claim_duration_seconds_bucket",
+                "herald_queue_publish_duration_seconds_bucket",
+                "herald_outbox_mark_duration_seconds_bucket",
+                "herald_outbox_claimed_total",
+                "herald_jobs_published_total",
+                "herald_outbox_marked_total",
+            ],
+        ),
+        (
+            &worker,
+            vec![
+                "herald_ownership_confirm_duration_seconds_bucket",
+                "herald_provider_call_duration_seconds_bucket",
+                "herald_ledger_write_duration_seconds_bucket",
+                "herald_provider_calls_total",
+                "herald_jobs_total",
+            ],
+        ),
+    ] {
+        for name in names {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+    }
+    assert!(
+        api.contains("herald_messages_accepted_total 10000"),
+        "{api}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_errors_and_timeouts_are_retried_without_a_second_effect() {
+    let herald = Deployment::start(Options {
+        sim_flags: [
+            "--error-rate",
+            "0.3",
+            "--timeout-rate",
+            "0.1",
+            "--timeout-delay",
+            "2s",
+        ]
+        .map(String::from)
+        .to_vec(),
+        worker_flags: [
+            "--provider-timeout",
+            "300ms",
+            "--retry-base",
+            "20ms",
+            "--max-attempts",
+            "50",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Options::default()
+    })
+    .await;
+    let ids = herald.send(400, 100, 2).await;
+    assert_eq!(ids.len(), 400);
+    herald.wait_delivered(400, Duration::from_secs(120)).await;
+
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 0, "{report}");
+    let stats: serde_json::Value = herald
+        .client
+        .get(format!("{}/v1/stats", herald.sim_url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    // Timeouts took effect at the provider and were retried with the same key: duplicate
+    // submits exist, yet the ledger has one row per message.
+    assert!(stats["injected_errors"].as_u64().unwrap() > 0, "{stats}");
+    assert!(stats["duplicate_submits"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(stats["distinct_keys"], 400);
+    let ledger: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+        .fetch_one(&herald.pool)
+        .await
+        .unwrap();
+    assert_eq!(ledger, 400);
+    let retried: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT message_id) FROM message_events WHERE state = 'RETRYING'",
+    )
+    .fetch_one(&herald.pool)
+    .await
+    .unwrap();
+    assert!(retried > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_fails_when_an_accepted_message_never_reached_the_provider() {
+    let mut herald = Deployment::start(Options::default()).await;
+    let ids = herald.send(20, 10, 1).await;
+    herald.wait_delivered(20, Duration::from_secs(60)).await;
+    assert_eq!(herald.verify().await.0, 0);
+
+    // Stop the poller, accept more: they are committed but cannot be delivered.
+    let poller = herald
+        .roles
+        .iter_mut()
+        .find(|r| r.name() == "poller")
+        .unwrap();
+    assert!(
+        poller.terminate(Duration::from_secs(10)).await.unwrap(),
+        "poller exits on SIGTERM"
+    );
+    let more = herald.send(5, 5, 1).await;
+    assert_eq!(ids.len() + more.len(), 25);
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("lost:                       5"), "{report}");
+
+    // Back up: the rows wait in the outbox and are delivered.
+    let poller = herald
+        .roles
+        .iter_mut()
+        .find(|r| r.name() == "poller")
+        .unwrap();
+    poller.restart().await.unwrap();
+    herald.wait_delivered(25, Duration::from_secs(60)).await;
+    assert_eq!(herald.verify().await.0, 0);
+}
