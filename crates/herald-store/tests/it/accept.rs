@@ -40,7 +40,9 @@ async fn accept_writes_message_outbox_row_and_first_event_together() {
 async fn a_reused_key_replays_or_conflicts_and_a_conflict_writes_nothing() {
     let (_pg, pool) = migrated(8).await;
     let first = message(2, Some("same-key"), "hello");
-    accept_messages(&pool, &[first.clone()]).await.unwrap();
+    accept_messages(&pool, std::slice::from_ref(&first))
+        .await
+        .unwrap();
 
     // Same key, same content (a retry): the first id, nothing new written.
     let mut retry = message(2, Some("same-key"), "hello");

@@ -85,7 +85,9 @@ async fn a_deposed_owner_changes_nothing() {
 async fn redrive_returns_stale_rows_and_kills_them_past_the_attempt_limit() {
     let (_pg, pool) = migrated(4).await;
     let sent = message(3, None, "stale");
-    accept_messages(&pool, &[sent.clone()]).await.unwrap();
+    accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
     let fence = take_over(&pool, 3, "p").await.unwrap();
 
     // Claimed and published, never confirmed: not stale yet under a long timeout…

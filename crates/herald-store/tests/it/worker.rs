@@ -20,7 +20,9 @@ fn states(view: &herald_store::messages::MessageView) -> Vec<&str> {
 async fn confirm_then_accept_writes_one_effect_however_often_it_is_repeated() {
     let (_pg, pool) = migrated(4).await;
     let sent = message(2, None, "hello");
-    accept_messages(&pool, &[sent.clone()]).await.unwrap();
+    accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
     let fence = take_over(&pool, 2, "p").await.unwrap();
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
 
@@ -59,7 +61,9 @@ async fn confirm_then_accept_writes_one_effect_however_often_it_is_repeated() {
 async fn a_failed_call_is_retried_then_dead_and_an_accepted_message_is_not_claimed_again() {
     let (_pg, pool) = migrated(4).await;
     let sent = message(1, None, "flaky");
-    accept_messages(&pool, &[sent.clone()]).await.unwrap();
+    accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
     let fence = take_over(&pool, 1, "p").await.unwrap();
 
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
@@ -95,7 +99,9 @@ async fn a_failed_call_is_retried_then_dead_and_an_accepted_message_is_not_claim
 
     // A message whose effect is in the ledger is confirmed without a new CLAIMED.
     let other = message(1, None, "done before");
-    accept_messages(&pool, &[other.clone()]).await.unwrap();
+    accept_messages(&pool, std::slice::from_ref(&other))
+        .await
+        .unwrap();
     record_accepted(
         &pool,
         other.id,
