@@ -182,6 +182,17 @@ enum Form {
     Batch,
 }
 
+/// Every partition's recorded owner, epoch, backlog and oldest pending age.
+pub(crate) async fn list_partitions(State(state): State<ApiState>) -> Response {
+    match herald_store::outbox::partitions_overview(&state.pool, state.partitions.get()).await {
+        Ok(partitions) => Json(serde_json::json!({ "partitions": partitions })).into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "reading partitions failed");
+            reject(Problem::unavailable())
+        }
+    }
+}
+
 async fn commit(
     state: &ApiState,
     messages: &[NewMessage],

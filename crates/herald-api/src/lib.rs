@@ -52,6 +52,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/messages", post(handlers::accept_one))
         .route("/v1/messages/batch", post(handlers::accept_batch))
         .route("/v1/messages/{id}", get(handlers::get_message))
+        .route("/v1/partitions", get(handlers::list_partitions))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,

@@ -3,6 +3,7 @@
 //! derives the idempotency key of each effect. Every other crate takes these from here so that
 //! the rules they encode exist once.
 
+pub mod assignment;
 pub mod fence;
 pub mod idempotency;
 pub mod job;

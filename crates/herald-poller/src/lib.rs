@@ -4,6 +4,7 @@
 //! NOTIFY from the accept path or the poll interval. A separate loop re-drives rows that were
 //! claimed or published but never confirmed. Every write carries the partition's fence.
 
+pub mod fleet;
 pub mod metrics;
 pub mod ownership;
 
@@ -60,7 +61,7 @@ impl Default for PollerSettings {
 #[derive(Clone)]
 pub struct Poller {
     pool: PgPool,
-    stores: Arc<HashMap<JobType, QueueStore>>,
+    stores: Arc<HashMap<JobType, Vec<QueueStore>>>,
     settings: PollerSettings,
 }
 
@@ -76,9 +77,10 @@ pub enum Drained {
 }
 
 impl Poller {
+    /// `stores` holds every shard of each job type, in shard order.
     pub fn new(
         pool: PgPool,
-        stores: HashMap<JobType, QueueStore>,
+        stores: HashMap<JobType, Vec<QueueStore>>,
         settings: PollerSettings,
     ) -> Self {
         Self {
@@ -88,43 +90,74 @@ impl Poller {
         }
     }
 
-    /// Runs until `cancel`: one drain task per owned partition, the NOTIFY listener, the
-    /// re-drive loop. On cancel, every task finishes its in-flight batch and returns.
-    pub async fn run(&self, fences: Vec<Fence>, cancel: CancellationToken) -> anyhow::Result<()> {
+    /// Runs until `cancel` with a fixed set of fences (one poller, no coordinator): one task
+    /// per partition and the NOTIFY listener. On cancel every task finishes its in-flight
+    /// batch and returns.
+    pub async fn run_static(
+        &self,
+        fences: Vec<Fence>,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<()> {
         ::metrics::gauge!(m::OWNED_PARTITIONS).set(fences.len() as f64);
-        let wakers: Arc<HashMap<u32, Arc<Notify>>> = Arc::new(
-            fences
-                .iter()
-                .map(|fence| (fence.partition, Arc::new(Notify::new())))
-                .collect(),
-        );
+        let wakers = Wakers::new(fences.iter().map(|f| f.partition));
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(listen_for_new_rows(
-            self.pool.clone(),
-            wakers.clone(),
-            cancel.clone(),
-        ));
-        for fence in &fences {
+        tasks.spawn(wakers.clone().listen(self.pool.clone(), cancel.clone()));
+        for fence in fences {
             let poller = self.clone();
-            let waker = wakers[&fence.partition].clone();
+            let waker = wakers.get(fence.partition);
             let cancel = cancel.clone();
-            let fence = *fence;
-            tasks.spawn(async move { poller.drain_forever(fence, waker, cancel).await });
+            tasks.spawn(async move {
+                if poller.run_partition(fence, waker, cancel).await == PartitionExit::Fenced {
+                    tracing::error!(
+                        partition = fence.partition,
+                        "another poller took this partition over"
+                    );
+                }
+            });
         }
-        let poller = self.clone();
-        let redrive_cancel = cancel.clone();
-        tasks.spawn(async move { poller.redrive_forever(fences, redrive_cancel).await });
         while let Some(joined) = tasks.join_next().await {
             joined?;
         }
         Ok(())
     }
 
-    async fn drain_forever(&self, fence: Fence, waker: Arc<Notify>, cancel: CancellationToken) {
+    /// Drains one owned partition until `cancel` or until the fence no longer holds, and
+    /// re-drives its stale rows every `redrive_interval`. Returns after the in-flight batch.
+    pub async fn run_partition(
+        &self,
+        fence: Fence,
+        waker: Arc<Notify>,
+        cancel: CancellationToken,
+    ) -> PartitionExit {
+        match herald_store::outbox::redrive_orphaned(&self.pool, fence).await {
+            Ok(0) => {}
+            Ok(moved) => {
+                tracing::warn!(
+                    partition = fence.partition,
+                    moved,
+                    "took over rows a previous owner claimed and never published"
+                );
+                ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved);
+            }
+            Err(err) => {
+                tracing::warn!(partition = fence.partition, error = %err, "re-driving orphaned rows failed; the stale re-drive will")
+            }
+        }
+        let mut next_redrive = tokio::time::Instant::now() + self.settings.redrive_interval;
         while !cancel.is_cancelled() {
+            if tokio::time::Instant::now() >= next_redrive {
+                next_redrive = tokio::time::Instant::now() + self.settings.redrive_interval;
+                if self.redrive(fence).await == Err(PartitionExit::Fenced) {
+                    return PartitionExit::Fenced;
+                }
+            }
             let outcome = match self.drain(fence).await {
                 Ok(outcome) => outcome,
                 Err(err) => {
+                    if let Some(herald_store::StoreError::Fenced { .. }) = err.downcast_ref() {
+                        ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
+                        return PartitionExit::Fenced;
+                    }
                     tracing::warn!(partition = fence.partition, error = %err, "drain failed; retrying after the poll interval");
                     Drained::Empty
                 }
@@ -143,6 +176,7 @@ impl Poller {
                 _ = tokio::time::sleep(pause) => {}
             }
         }
+        PartitionExit::Cancelled
     }
 
     /// Drains one partition: claim, publish, mark, until a claim comes back short or the
@@ -178,9 +212,15 @@ impl Poller {
             by_type.entry(job.job_type).or_default().push(job.clone());
         }
         for (job_type, jobs) in by_type {
-            let store = self.stores.get(&job_type).ok_or_else(|| {
-                anyhow::anyhow!("no queue store configured for job type {job_type}")
-            })?;
+            let shards = self
+                .stores
+                .get(&job_type)
+                .filter(|shards| !shards.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("no queue store configured for job type {job_type}")
+                })?;
+            // Every job of a batch is from one partition, so all go to one shard.
+            let store = &shards[jobs[0].partition as usize % shards.len()];
             store.publish(&jobs).await?;
             ::metrics::counter!(m::PUBLISHED, "job_type" => job_type.as_str())
                 .increment(jobs.len() as u64);
@@ -188,45 +228,73 @@ impl Poller {
         Ok(())
     }
 
-    async fn redrive_forever(&self, fences: Vec<Fence>, cancel: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(self.settings.redrive_interval) => {}
-            }
-            let started = Instant::now();
-            for fence in &fences {
-                if cancel.is_cancelled() {
-                    return;
+    async fn redrive(&self, fence: Fence) -> Result<(), PartitionExit> {
+        let started = Instant::now();
+        let result = redrive_stale(
+            &self.pool,
+            fence,
+            self.settings.stale_after,
+            self.settings.max_attempts,
+        )
+        .await;
+        ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(moved) => {
+                if moved.pending > 0 || moved.dead > 0 {
+                    tracing::warn!(
+                        partition = fence.partition,
+                        pending = moved.pending,
+                        dead = moved.dead,
+                        "re-drove stale outbox rows"
+                    );
                 }
-                match redrive_stale(
-                    &self.pool,
-                    *fence,
-                    self.settings.stale_after,
-                    self.settings.max_attempts,
-                )
-                .await
-                {
-                    Ok(moved) => {
-                        if moved.pending > 0 || moved.dead > 0 {
-                            tracing::warn!(
-                                partition = fence.partition,
-                                pending = moved.pending,
-                                dead = moved.dead,
-                                "re-drove stale outbox rows"
-                            );
-                        }
-                        ::metrics::counter!(m::REDRIVEN, "to" => "pending")
-                            .increment(moved.pending);
-                        ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
-                    }
-                    Err(err) => {
-                        tracing::warn!(partition = fence.partition, error = %err, "re-drive failed")
-                    }
-                }
+                ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved.pending);
+                ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
+                Ok(())
             }
-            ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
+            Err(herald_store::StoreError::Fenced { .. }) => {
+                ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
+                Err(PartitionExit::Fenced)
+            }
+            Err(err) => {
+                tracing::warn!(partition = fence.partition, error = %err, "re-drive failed");
+                Ok(())
+            }
         }
+    }
+}
+
+/// Why a partition task returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionExit {
+    /// Asked to stop (shutdown or handoff); the in-flight batch finished.
+    Cancelled,
+    /// A newer owner recorded a higher epoch: this poller must not write the partition again.
+    Fenced,
+}
+
+/// One wake-up signal per partition, fired by the accept path's NOTIFY.
+#[derive(Clone)]
+pub struct Wakers(Arc<HashMap<u32, Arc<Notify>>>);
+
+impl Wakers {
+    pub fn new(partitions: impl IntoIterator<Item = u32>) -> Self {
+        Self(Arc::new(
+            partitions
+                .into_iter()
+                .map(|p| (p, Arc::new(Notify::new())))
+                .collect(),
+        ))
+    }
+
+    /// The partition's signal (a fresh one for a partition outside the set).
+    pub fn get(&self, partition: u32) -> Arc<Notify> {
+        self.0.get(&partition).cloned().unwrap_or_default()
+    }
+
+    /// Listens until `cancel`; see [`listen_for_new_rows`].
+    pub async fn listen(self, pool: PgPool, cancel: CancellationToken) {
+        listen_for_new_rows(pool, self.0, cancel).await
     }
 }
 

@@ -7,6 +7,11 @@ pub const PUBLISH_FAILURES: &str = "herald_publish_failures_total";
 pub const REDRIVEN: &str = "herald_outbox_redriven_total";
 pub const REDRIVE_PASS_DURATION: &str = "herald_redrive_pass_duration_seconds";
 pub const OWNED_PARTITIONS: &str = "herald_poller_owned_partitions";
+pub const FENCING_REJECTIONS: &str = "herald_fencing_rejections_total";
+pub const HANDOFF_GAP: &str = "herald_partition_handoff_gap_seconds";
+pub const ACQUISITIONS: &str = "herald_partition_acquisitions_total";
+pub const RELEASES: &str = "herald_partition_releases_total";
+pub const LEASE_LOSSES: &str = "herald_lease_losses_total";
 
 pub fn describe() {
     metrics::describe_counter!(CLAIMED, "Outbox rows claimed (PENDING to PROCESSING).");
@@ -26,4 +31,26 @@ pub fn describe() {
         "One re-drive pass over every owned partition."
     );
     metrics::describe_gauge!(OWNED_PARTITIONS, "Partitions this poller owns.");
+    metrics::describe_counter!(
+        FENCING_REJECTIONS,
+        "Statements refused because a newer owner recorded a higher epoch."
+    );
+    metrics::describe_histogram!(
+        HANDOFF_GAP,
+        metrics::Unit::Seconds,
+        "Time a partition had no owner: from its ownership key's deletion to the next acquisition."
+    );
+    metrics::describe_counter!(ACQUISITIONS, "Partitions acquired by this poller.");
+    metrics::describe_counter!(
+        RELEASES,
+        "Partitions released by this poller after draining."
+    );
+    metrics::describe_counter!(
+        LEASE_LOSSES,
+        "Times this poller stopped claiming because its lease was at risk or lost."
+    );
+    metrics::describe_counter!(
+        herald_coord::membership::RENEW_FAILURES,
+        "Lease renewals that did not get through."
+    );
 }

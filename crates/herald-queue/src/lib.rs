@@ -33,6 +33,9 @@ pub enum QueueError {
 pub struct StoreSettings {
     pub url: String,
     pub job_type: JobType,
+    /// Which of the job type's shards this store is (partition p publishes to shard
+    /// `p mod shards`).
+    pub shard: u32,
     pub max_connections: usize,
 }
 
@@ -43,7 +46,7 @@ pub struct Delivery {
     pub job: Result<Job, String>,
 }
 
-/// One job type's queue store (shard 0 for now): its stream and consumer group.
+/// One shard of a job type's queue store: its stream and consumer group.
 #[derive(Clone)]
 pub struct QueueStore {
     pool: Pool,
@@ -73,7 +76,7 @@ impl QueueStore {
         Ok(Self {
             pool,
             job_type,
-            stream: format!("herald:{job_type}:0"),
+            stream: format!("herald:{job_type}:{}", settings.shard),
             group: format!("herald-{job_type}-workers"),
         })
     }

@@ -31,6 +31,10 @@ pub enum StoreError {
     NotMigrated,
     #[error("stored data is invalid: {0}")]
     Corrupt(String),
+    /// The partition's recorded epoch is not the caller's: a newer owner took it over, and the
+    /// statement changed nothing.
+    #[error("partition {partition} is fenced: epoch {epoch} is no longer its owner's")]
+    Fenced { partition: u32, epoch: i64 },
 }
 
 /// How a role connects to PostgreSQL.

@@ -17,16 +17,18 @@ pub use herald_core::Fence;
 
 #[derive(sqlx::FromRow)]
 struct ClaimedRow {
-    id: i64,
-    job_type: String,
+    held: i64,
+    id: Option<i64>,
+    job_type: Option<String>,
     message_id: Option<Uuid>,
-    payload: Json<Value>,
-    attempts: i32,
+    payload: Option<Json<Value>>,
+    attempts: Option<i32>,
 }
 
 /// Claims up to `limit` PENDING rows that are due, oldest first, skipping rows another
 /// transaction holds. Claimed rows become PROCESSING with `claimed_at` set and `attempts`
-/// incremented.
+/// incremented. Fails with [`StoreError::Fenced`] (and claims nothing) when the fence's epoch
+/// is no longer the partition's.
 pub async fn claim_pending(
     pool: &PgPool,
     fence: Fence,
@@ -35,18 +37,25 @@ pub async fn claim_pending(
     let rows: Vec<ClaimedRow> = measured(
         Operation::Claim,
         sqlx::query_as(
-            "UPDATE outbox o
-             SET status = 'PROCESSING', claimed_at = now(), attempts = o.attempts + 1,
-                 claimed_epoch = $2
-             WHERE o.partition = $1
-               AND o.id IN (SELECT id FROM outbox
-                            WHERE partition = $1 AND status = 'PENDING' AND available_at <= now()
-                            ORDER BY id
-                            LIMIT $3
-                            FOR UPDATE SKIP LOCKED)
-               AND EXISTS (SELECT 1 FROM partition_leases l
-                           WHERE l.partition = $1 AND l.epoch = $2)
-             RETURNING o.id, o.job_type, o.message_id, o.payload, o.attempts",
+            "WITH fence AS (
+                 SELECT count(*) AS held FROM partition_leases
+                 WHERE partition = $1 AND epoch = $2
+             ), claimed AS (
+                 UPDATE outbox o
+                 SET status = 'PROCESSING', claimed_at = now(), attempts = o.attempts + 1,
+                     claimed_epoch = $2
+                 WHERE o.partition = $1
+                   AND (SELECT held FROM fence) = 1
+                   AND o.id IN (SELECT id FROM outbox
+                                WHERE partition = $1 AND status = 'PENDING'
+                                  AND available_at <= now()
+                                ORDER BY id
+                                LIMIT $3
+                                FOR UPDATE SKIP LOCKED)
+                 RETURNING o.id, o.job_type, o.message_id, o.payload, o.attempts
+             )
+             SELECT f.held, c.id, c.job_type, c.message_id, c.payload, c.attempts
+             FROM fence f LEFT JOIN claimed c ON true",
         )
         .bind(fence.partition as i32)
         .bind(fence.epoch)
@@ -54,21 +63,31 @@ pub async fn claim_pending(
         .fetch_all(pool),
     )
     .await?;
+    if rows.first().is_none_or(|row| row.held != 1) {
+        return Err(StoreError::Fenced {
+            partition: fence.partition,
+            epoch: fence.epoch,
+        });
+    }
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
-        let job_type = row
-            .job_type
+        let (Some(id), Some(job_type), Some(Json(payload)), Some(attempts)) =
+            (row.id, row.job_type, row.payload, row.attempts)
+        else {
+            continue; // the fence row alone: nothing was due
+        };
+        let job_type = job_type
             .parse()
             .map_err(|err: herald_core::job::UnknownJobType| {
                 StoreError::Corrupt(err.to_string())
             })?;
         jobs.push(Job {
-            outbox_id: row.id,
+            outbox_id: id,
             partition: fence.partition,
             job_type,
             message_id: row.message_id,
-            attempt: row.attempts,
-            payload: row.payload.0,
+            attempt: attempts,
+            payload,
         });
     }
     jobs.sort_by_key(|job| job.outbox_id);
@@ -187,6 +206,28 @@ pub async fn redrive_stale(
     Ok(redriven)
 }
 
+/// Returns rows a previous owner claimed but never published to PENDING at once, without
+/// waiting for them to go stale: a claim under an older epoch can never be marked (the fence
+/// refuses it), so its rows would otherwise sit until the re-drive timeout. Rows already
+/// PUBLISHED are in a stream and are left to the workers. Returns how many rows moved.
+pub async fn redrive_orphaned(pool: &PgPool, fence: Fence) -> Result<u64, StoreError> {
+    let done = measured(
+        Operation::Redrive,
+        sqlx::query(
+            "UPDATE outbox SET status = 'PENDING', claimed_at = NULL,
+                               last_error = 'claimed by a previous owner, never published'
+             WHERE partition = $1 AND status = 'PROCESSING' AND claimed_epoch < $2
+               AND EXISTS (SELECT 1 FROM partition_leases l
+                           WHERE l.partition = $1 AND l.epoch = $2)",
+        )
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// PENDING rows and the age of the oldest one, per partition that has any.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Backlog {
@@ -220,6 +261,63 @@ pub async fn pending_backlog(
             partition: partition as u32,
             pending,
             oldest_age_seconds,
+        })
+        .collect())
+}
+
+/// One partition as operators see it: its recorded owner and epoch, and its backlog.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PartitionView {
+    pub partition: u32,
+    /// The poller that recorded the latest epoch (etcd is the source of truth for liveness).
+    pub owner: Option<String>,
+    pub epoch: Option<i64>,
+    pub acquired_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub pending: i64,
+    pub oldest_pending_age_seconds: f64,
+}
+
+#[derive(sqlx::FromRow)]
+struct PartitionRow {
+    partition: i32,
+    owner: Option<String>,
+    epoch: Option<i64>,
+    acquired_at: Option<chrono::DateTime<chrono::Utc>>,
+    pending: i64,
+    oldest: f64,
+}
+
+/// Every partition `0..count` with its owner, epoch and PENDING backlog.
+pub async fn partitions_overview(
+    pool: &PgPool,
+    count: u32,
+) -> Result<Vec<PartitionView>, StoreError> {
+    let rows: Vec<PartitionRow> = measured(
+        Operation::Backlog,
+        sqlx::query_as(
+            "SELECT p.partition, l.owner, l.epoch, l.acquired_at,
+                    coalesce(b.pending, 0) AS pending, coalesce(b.oldest, 0) AS oldest
+             FROM generate_series(0, $1 - 1) AS p(partition)
+             LEFT JOIN partition_leases l ON l.partition = p.partition
+             LEFT JOIN (SELECT partition, count(*) AS pending,
+                               extract(epoch FROM now() - min(created_at))::float8 AS oldest
+                        FROM outbox WHERE status = 'PENDING' GROUP BY partition) b
+                    ON b.partition = p.partition
+             ORDER BY p.partition",
+        )
+        .bind(count as i32)
+        .fetch_all(pool),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| PartitionView {
+            partition: row.partition as u32,
+            owner: row.owner,
+            epoch: row.epoch,
+            acquired_at: row.acquired_at,
+            pending: row.pending,
+            oldest_pending_age_seconds: row.oldest,
         })
         .collect())
 }

@@ -63,17 +63,39 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Handled> + Send;
 }
 
-/// Runs the server until `cancel`; in-flight jobs finish before it returns.
+/// Runs the server over every shard of its job type until `cancel`; in-flight jobs finish
+/// before it returns. One reader per shard; all share the server's one semaphore.
 pub async fn run<H: Handler>(
-    store: QueueStore,
+    stores: Vec<QueueStore>,
     handler: Arc<H>,
     settings: WorkerSettings,
     cancel: CancellationToken,
 ) {
-    let job_type = store.job_type().as_str();
     let semaphore = Arc::new(Semaphore::new(settings.concurrency));
-    ::metrics::gauge!(m::CONCURRENCY_LIMIT, "job_type" => job_type)
-        .set(settings.concurrency as f64);
+    if let Some(store) = stores.first() {
+        ::metrics::gauge!(m::CONCURRENCY_LIMIT, "job_type" => store.job_type().as_str())
+            .set(settings.concurrency as f64);
+    }
+    let readers = stores.into_iter().map(|store| {
+        read_shard(
+            store,
+            handler.clone(),
+            semaphore.clone(),
+            settings.clone(),
+            cancel.clone(),
+        )
+    });
+    futures::future::join_all(readers).await;
+}
+
+async fn read_shard<H: Handler>(
+    store: QueueStore,
+    handler: Arc<H>,
+    semaphore: Arc<Semaphore>,
+    settings: WorkerSettings,
+    cancel: CancellationToken,
+) {
+    let job_type = store.job_type().as_str();
     let mut tasks = tokio::task::JoinSet::new();
     while let Err(err) = store.ensure_group().await {
         tracing::warn!(error = %err, "cannot create the consumer group yet; retrying");

@@ -125,10 +125,16 @@ pub struct ApiArgs {
 
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct QueueArgs {
-    /// Redis URL of the `send` job type's queue store.
-    #[arg(long, env = "HERALD_REDIS_SEND_URL")]
-    #[serde(serialize_with = "mask_password")]
-    pub redis_send_url: String,
+    /// Redis URLs of the `send` job type's queue store, one per shard (comma-separated);
+    /// partition p publishes to shard p mod shards.
+    #[arg(
+        long,
+        env = "HERALD_REDIS_SEND_URL",
+        value_delimiter = ',',
+        required = true
+    )]
+    #[serde(serialize_with = "mask_passwords")]
+    pub redis_send_url: Vec<String>,
     /// Connections to each queue store.
     #[arg(long, env = "HERALD_REDIS_MAX_CONNECTIONS", default_value_t = 16)]
     pub redis_max_connections: usize,
@@ -143,9 +149,26 @@ pub struct PollerArgs {
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, env = "HERALD_ADMIN_LISTEN", default_value = "127.0.0.1:9091")]
     pub admin_listen: SocketAddr,
-    /// This poller's name in partition leases (default: host name and process id).
+    /// This poller's name in the fleet and in partition leases (default: host name and
+    /// process id). Must be unique among live pollers.
     #[arg(long, env = "HERALD_POLLER_ID")]
     pub poller_id: Option<String>,
+    /// etcd endpoints (comma-separated). With them, pollers share the partitions as a fleet;
+    /// without, this poller takes every partition (a single poller).
+    #[arg(long, env = "HERALD_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix of this Herald cluster in etcd.
+    #[arg(long, env = "HERALD_ETCD_PREFIX", default_value = "/herald")]
+    pub etcd_prefix: String,
+    /// TTL of the poller's etcd lease; it stops claiming after TTL/2 without a renewal.
+    #[arg(long, env = "HERALD_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub lease_ttl: Duration,
+    /// Longest wait for in-flight batches when handing partitions off or shutting down
+    /// (keep the pod's termination grace period above it).
+    #[arg(long, env = "HERALD_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub drain_timeout: Duration,
     /// Rows claimed per statement.
     #[arg(long, env = "HERALD_POLLER_BATCH_SIZE", default_value_t = 500)]
     pub batch_size: u32,
@@ -179,10 +202,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "HERALD_JOB_TYPE", value_parser = parse_job_type, default_value = "send")]
     #[serde(serialize_with = "display")]
     pub job_type: JobType,
-    /// Redis URL of this job type's queue store.
-    #[arg(long, env = "HERALD_REDIS_URL")]
-    #[serde(serialize_with = "mask_password")]
-    pub redis_url: String,
+    /// Redis URLs of this job type's queue store, one per shard (comma-separated); the worker
+    /// consumes every shard.
+    #[arg(long, env = "HERALD_REDIS_URL", value_delimiter = ',', required = true)]
+    #[serde(serialize_with = "mask_passwords")]
+    pub redis_url: Vec<String>,
     /// Connections to the queue store.
     #[arg(long, env = "HERALD_REDIS_MAX_CONNECTIONS", default_value_t = 16)]
     pub redis_max_connections: usize,
@@ -342,6 +366,10 @@ pub fn masked_url(url: &str) -> String {
         Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
         None => url.to_owned(),
     }
+}
+
+fn mask_passwords<S: serde::Serializer>(urls: &[String], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(urls.iter().map(|url| masked_url(url)))
 }
 
 fn mask_all<S: serde::Serializer>(keys: &[String], serializer: S) -> Result<S::Ok, S::Error> {

@@ -149,3 +149,37 @@ async fn batch_answers_ids_in_order_and_is_all_or_nothing() {
     crate::assert_problem(response, 409, Some("messages[1].idempotency_key")).await;
     assert_eq!(api.rows().await, (50, 50, 50));
 }
+
+#[tokio::test]
+async fn partitions_list_owner_epoch_and_backlog() {
+    let api = TestApi::default().await;
+    api.post("/v1/messages")
+        .json(&json!({"recipient": "+15550100", "body": 1}))
+        .send()
+        .await
+        .unwrap();
+    herald_store::leases::record_epoch(&api.pool, 3, "poller-a", 42)
+        .await
+        .unwrap();
+    let answer: Value = api
+        .get("/v1/partitions")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let partitions = answer["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 8);
+    let busy = herald_core::partition_of("+15550100", herald_core::PartitionCount::new(8).unwrap());
+    for entry in partitions {
+        let p = entry["partition"].as_u64().unwrap() as u32;
+        assert_eq!(entry["pending"], if p == busy { 1 } else { 0 });
+        if p == 3 {
+            assert_eq!(entry["owner"], "poller-a");
+            assert_eq!(entry["epoch"], 42);
+        } else {
+            assert!(entry["owner"].is_null());
+        }
+    }
+}

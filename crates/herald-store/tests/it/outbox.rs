@@ -3,8 +3,9 @@ use std::time::Duration;
 use herald_store::accept::accept_messages;
 use herald_store::leases::{record_epoch, take_over};
 use herald_store::outbox::{
-    claim_pending, mark_published, redrive_stale, release_unpublished, Redriven,
+    claim_pending, mark_published, redrive_orphaned, redrive_stale, release_unpublished, Redriven,
 };
+use herald_store::StoreError;
 
 use crate::{count, message, migrated};
 
@@ -66,7 +67,11 @@ async fn a_deposed_owner_changes_nothing() {
     assert!(new.epoch > old.epoch);
 
     let ids = vec![claimed[0].outbox_id];
-    assert_eq!(claim_pending(&pool, old, 10).await.unwrap().len(), 0);
+    let err = claim_pending(&pool, old, 10).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Fenced { partition: 0, .. }),
+        "{err}"
+    );
     assert_eq!(mark_published(&pool, old, &ids).await.unwrap(), 0);
     assert_eq!(release_unpublished(&pool, old, &ids).await.unwrap(), 0);
     assert_eq!(
@@ -78,7 +83,41 @@ async fn a_deposed_owner_changes_nothing() {
     assert!(record_epoch(&pool, 0, "newer", new.epoch + 5)
         .await
         .unwrap());
-    assert_eq!(claim_pending(&pool, new, 10).await.unwrap().len(), 0);
+    assert!(claim_pending(&pool, new, 10).await.is_err());
+    // The deposed owners touched nothing: one row claimed, by the first epoch.
+    let touched: Vec<(String, Option<i64>)> =
+        sqlx::query_as("SELECT status, claimed_epoch FROM outbox ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        touched,
+        vec![
+            ("PROCESSING".to_owned(), Some(old.epoch)),
+            ("PENDING".to_owned(), None)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_new_owner_takes_back_rows_an_old_owner_claimed_and_never_published() {
+    let (_pg, pool) = migrated(4).await;
+    accept_messages(&pool, &[message(2, None, "a"), message(2, None, "b")])
+        .await
+        .unwrap();
+    let old = take_over(&pool, 2, "old").await.unwrap();
+    let claimed = claim_pending(&pool, old, 2).await.unwrap();
+    mark_published(&pool, old, &[claimed[0].outbox_id])
+        .await
+        .unwrap();
+    let new = take_over(&pool, 2, "new").await.unwrap();
+    // The old owner cannot do it; the new one moves only the unpublished row.
+    assert_eq!(redrive_orphaned(&pool, old).await.unwrap(), 0);
+    assert_eq!(redrive_orphaned(&pool, new).await.unwrap(), 1);
+    assert_eq!(
+        statuses(&pool).await,
+        vec![("PUBLISHED".to_owned(), 1), ("PENDING".to_owned(), 1)]
+    );
 }
 
 #[tokio::test]

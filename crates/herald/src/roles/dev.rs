@@ -73,11 +73,15 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         PollerArgs {
             database: database(&database_url, 24),
             queue: QueueArgs {
-                redis_send_url: redis.url(),
+                redis_send_url: vec![redis.url()],
                 redis_max_connections: 16,
             },
             admin_listen: poller_admin,
             poller_id: Some("dev-poller".to_owned()),
+            etcd_endpoints: vec![etcd.endpoint()],
+            etcd_prefix: "/herald".to_owned(),
+            lease_ttl: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(10),
             batch_size: 500,
             max_batches_per_tick: 20,
             poll_interval: Duration::from_millis(200),
@@ -92,7 +96,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         WorkerArgs {
             database: database(&database_url, 32),
             job_type: JobType::Send,
-            redis_url: redis.url(),
+            redis_url: vec![redis.url()],
             redis_max_connections: 16,
             admin_listen: worker_admin,
             concurrency: 128,

@@ -12,6 +12,8 @@ pub mod worker;
 
 use std::sync::Arc;
 
+use herald_core::JobType;
+use herald_queue::{QueueStore, StoreSettings};
 use herald_store::PoolSettings;
 use sqlx::PgPool;
 
@@ -50,19 +52,47 @@ pub fn database_ready(pool: PgPool) -> Readiness {
     })
 }
 
-/// Ready when PostgreSQL and the queue store answer.
-pub fn database_and_queue_ready(pool: PgPool, store: herald_queue::QueueStore) -> Readiness {
+/// Ready when PostgreSQL and every queue store shard answer.
+pub fn database_and_queue_ready(pool: PgPool, stores: Vec<QueueStore>) -> Readiness {
     Arc::new(move || {
         let pool = pool.clone();
-        let store = store.clone();
+        let stores = stores.clone();
         Box::pin(async move {
             herald_store::ping(&pool)
                 .await
                 .map_err(|err| format!("PostgreSQL: {err}"))?;
-            store
-                .ping()
-                .await
-                .map_err(|err| format!("queue store {}: {err}", store.job_type()))
+            for store in &stores {
+                store
+                    .ping()
+                    .await
+                    .map_err(|err| format!("queue store {}: {err}", store.stream_key()))?;
+            }
+            Ok(())
         })
     })
+}
+
+/// One queue store per shard URL of `job_type`.
+pub fn queue_stores(
+    urls: &[String],
+    job_type: JobType,
+    max_connections: usize,
+) -> anyhow::Result<Vec<QueueStore>> {
+    if urls.is_empty() {
+        return Err(ConfigError(format!("no Redis URL for job type {job_type}")).into());
+    }
+    urls.iter()
+        .enumerate()
+        .map(|(shard, url)| {
+            QueueStore::new(&StoreSettings {
+                url: url.trim().to_owned(),
+                job_type,
+                shard: shard as u32,
+                max_connections,
+            })
+            .map_err(|err| {
+                ConfigError(format!("Redis URL {}: {err}", crate::cli::masked_url(url))).into()
+            })
+        })
+        .collect()
 }

@@ -2,9 +2,11 @@
 
 use std::collections::HashMap;
 
+use herald_coord::Coordinator;
 use herald_core::JobType;
+use herald_poller::fleet::{Fleet, FleetSettings};
 use herald_poller::{Ownership, Poller, PollerSettings, StaticOwnership};
-use herald_queue::{QueueStore, StoreSettings};
+
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{print_config, process_name, ConfigError, PollerArgs};
@@ -20,6 +22,9 @@ pub async fn main(args: PollerArgs) -> anyhow::Result<i32> {
 }
 
 pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<()> {
+    if args.lease_ttl < std::time::Duration::from_secs(2) {
+        return Err(ConfigError("--lease-ttl must be at least 2s".into()).into());
+    }
     if args.batch_size == 0 || args.max_batches_per_tick == 0 || args.max_attempts == 0 {
         return Err(ConfigError(
             "--batch-size, --max-batches-per-tick and --max-attempts must be at least 1".into(),
@@ -29,15 +34,14 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
-    let send_store = QueueStore::new(&StoreSettings {
-        url: args.queue.redis_send_url.clone(),
-        job_type: JobType::Send,
-        max_connections: args.queue.redis_max_connections,
-    })
-    .map_err(|err| ConfigError(format!("--redis-send-url: {err}")))?;
+    let send_stores = super::queue_stores(
+        &args.queue.redis_send_url,
+        JobType::Send,
+        args.queue.redis_max_connections,
+    )?;
     let admin = telemetry::admin_router(
         metrics,
-        super::database_and_queue_ready(pool.clone(), send_store.clone()),
+        super::database_and_queue_ready(pool.clone(), send_stores.clone()),
     );
     let admin_cancel = CancellationToken::new();
     let admin_task = tokio::spawn(telemetry::serve(
@@ -50,17 +54,9 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         .poller_id
         .clone()
         .unwrap_or_else(|| process_name("poller"));
-    let fences = StaticOwnership {
-        pool: pool.clone(),
-        owner: owner.clone(),
-        partitions,
-    }
-    .acquire()
-    .await?;
-    tracing::info!(%owner, partitions = fences.len(), "owning every partition");
     let poller = Poller::new(
-        pool,
-        HashMap::from([(JobType::Send, send_store)]),
+        pool.clone(),
+        HashMap::from([(JobType::Send, send_stores)]),
         PollerSettings {
             batch_size: args.batch_size,
             max_batches_per_tick: args.max_batches_per_tick,
@@ -71,7 +67,37 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
             ..PollerSettings::default()
         },
     );
-    let result = poller.run(fences, cancel).await;
+    let result = if args.etcd_endpoints.is_empty() {
+        let fences = StaticOwnership {
+            pool: pool.clone(),
+            owner: owner.clone(),
+            partitions,
+        }
+        .acquire()
+        .await?;
+        tracing::info!(%owner, partitions = fences.len(), "no etcd configured: owning every partition");
+        poller.run_static(fences, cancel).await
+    } else {
+        let coord = Coordinator::connect(
+            &args.etcd_endpoints,
+            &args.etcd_prefix,
+            std::time::Duration::from_secs(2),
+        )
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot reach etcd at {:?}: {err}", args.etcd_endpoints))?;
+        let fleet = Fleet {
+            poller,
+            coord,
+            pool,
+            partitions,
+            settings: FleetSettings {
+                member: owner,
+                lease_ttl: args.lease_ttl,
+                drain_timeout: args.drain_timeout,
+            },
+        };
+        fleet.run(cancel).await
+    };
     admin_cancel.cancel();
     let _ = admin_task.await;
     tracing::info!("poller stopped");

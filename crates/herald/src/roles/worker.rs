@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use herald_queue::{QueueStore, StoreSettings};
 use herald_worker::provider::ProviderClient;
 use herald_worker::send::{SendHandler, SendSettings};
 use herald_worker::WorkerSettings;
@@ -28,17 +27,12 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
     }
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
-    let store = QueueStore::new(&StoreSettings {
-        url: args.redis_url.clone(),
-        job_type: args.job_type,
-        max_connections: args.redis_max_connections,
-    })
-    .map_err(|err| ConfigError(format!("--redis-url: {err}")))?;
+    let stores = super::queue_stores(&args.redis_url, args.job_type, args.redis_max_connections)?;
     let provider = ProviderClient::new(&args.provider_url, args.provider_timeout)
         .map_err(|err| ConfigError(format!("--provider-url: {err}")))?;
     let admin = telemetry::admin_router(
         metrics,
-        super::database_and_queue_ready(pool.clone(), store.clone()),
+        super::database_and_queue_ready(pool.clone(), stores.clone()),
     );
     let admin_cancel = CancellationToken::new();
     let admin_task = tokio::spawn(telemetry::serve(
@@ -63,7 +57,7 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
     });
     tracing::info!(job_type = %args.job_type, %consumer, concurrency = args.concurrency, "worker started");
     herald_worker::run(
-        store,
+        stores,
         handler,
         WorkerSettings {
             consumer,

@@ -19,6 +19,9 @@ pub struct Options {
     pub worker_flags: Vec<String>,
     /// Extra `herald poller` flags.
     pub poller_flags: Vec<String>,
+    /// How many pollers; with `fleet` they share the partitions through etcd.
+    pub pollers: usize,
+    pub fleet: bool,
 }
 
 impl Default for Options {
@@ -28,6 +31,8 @@ impl Default for Options {
             sim_flags: Vec::new(),
             worker_flags: Vec::new(),
             poller_flags: Vec::new(),
+            pollers: 1,
+            fleet: false,
         }
     }
 }
@@ -40,7 +45,7 @@ pub struct Deployment {
     pub pool: PgPool,
     pub api_url: String,
     pub sim_url: String,
-    pub poller_admin: String,
+    pub poller_admins: Vec<String>,
     pub worker_admin: String,
     pub roles: Vec<RoleProcess>,
     pub client: reqwest::Client,
@@ -77,11 +82,15 @@ impl Deployment {
             .tempdir()
             .unwrap();
         let port = || free_port().unwrap();
-        let (api_port, sim_port, poller_port, worker_port) = (port(), port(), port(), port());
+        let (api_port, sim_port, worker_port) = (port(), port(), port());
+        let poller_ports: Vec<u16> = (0..options.pollers).map(|_| port()).collect();
         let mut deployment = Self {
             api_url: format!("http://127.0.0.1:{api_port}"),
             sim_url: format!("http://127.0.0.1:{sim_port}"),
-            poller_admin: format!("http://127.0.0.1:{poller_port}"),
+            poller_admins: poller_ports
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect(),
             worker_admin: format!("http://127.0.0.1:{worker_port}"),
             pg,
             redis,
@@ -114,23 +123,27 @@ impl Deployment {
             .spawn("api", api, format!("{}/healthz", deployment.api_url))
             .await;
 
-        let mut poller = args(&[
-            "poller",
-            "--admin-listen",
-            &format!("127.0.0.1:{poller_port}"),
-            "--redis-send-url",
-            &deployment.redis.url(),
-            "--poll-interval",
-            "100ms",
-        ]);
-        poller.extend(options.poller_flags.iter().cloned());
-        deployment
-            .spawn(
+        for (i, poller_port) in poller_ports.iter().enumerate() {
+            let mut poller = args(&[
                 "poller",
-                poller,
-                format!("{}/healthz", deployment.poller_admin),
-            )
-            .await;
+                "--poller-id",
+                &format!("poller-{i}"),
+                "--admin-listen",
+                &format!("127.0.0.1:{poller_port}"),
+                "--redis-send-url",
+                &deployment.redis.url(),
+                "--poll-interval",
+                "100ms",
+            ]);
+            if options.fleet {
+                poller.extend(args(&["--etcd-endpoints", &deployment.etcd.endpoint()]));
+            }
+            poller.extend(options.poller_flags.iter().cloned());
+            let health = format!("{}/healthz", deployment.poller_admins[i]);
+            deployment
+                .spawn(&format!("poller-{i}"), poller, health)
+                .await;
+        }
 
         let mut worker = args(&[
             "worker",
@@ -154,7 +167,8 @@ impl Deployment {
         deployment
     }
 
-    async fn spawn(&mut self, name: &str, args: Vec<String>, health: String) {
+    /// Starts one more role process named `name`.
+    pub async fn spawn(&mut self, name: &str, args: Vec<String>, health: String) {
         let env = vec![
             ("HERALD_DATABASE_URL".to_owned(), self.database_url.clone()),
             ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
@@ -170,6 +184,14 @@ impl Deployment {
         .await
         .unwrap_or_else(|err| panic!("{name} did not start: {err:#}"));
         self.roles.push(role);
+    }
+
+    /// The role process named `name`.
+    pub fn role(&mut self, name: &str) -> &mut RoleProcess {
+        self.roles
+            .iter_mut()
+            .find(|r| r.name() == name)
+            .unwrap_or_else(|| panic!("no role {name}"))
     }
 
     /// Sends `count` messages in batches; returns every id the API accepted.
@@ -263,6 +285,6 @@ impl Deployment {
     }
 }
 
-fn args(items: &[&str]) -> Vec<String> {
+pub fn args(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
 }

@@ -3,6 +3,7 @@
 
 mod cli;
 mod deployment;
+mod fleet;
 mod pipeline;
 
 pub use deployment::{Deployment, Options};

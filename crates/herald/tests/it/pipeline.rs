@@ -71,7 +71,7 @@ async fn ten_thousand_messages_are_each_accepted_once() {
     assert!(report.contains("lost:                       0"), "{report}");
 
     // Every stage exports its timing histogram and counters.
-    let poller = herald.metrics(&herald.poller_admin).await;
+    let poller = herald.metrics(&herald.poller_admins[0]).await;
     let worker = herald.metrics(&herald.worker_admin).await;
     let api = herald.metrics(&herald.api_url).await;
     for (text, names) in [
@@ -185,7 +185,7 @@ async fn verify_fails_when_an_accepted_message_never_reached_the_provider() {
     let poller = herald
         .roles
         .iter_mut()
-        .find(|r| r.name() == "poller")
+        .find(|r| r.name() == "poller-0")
         .unwrap();
     assert!(
         poller.terminate(Duration::from_secs(10)).await.unwrap(),
@@ -201,7 +201,7 @@ async fn verify_fails_when_an_accepted_message_never_reached_the_provider() {
     let poller = herald
         .roles
         .iter_mut()
-        .find(|r| r.name() == "poller")
+        .find(|r| r.name() == "poller-0")
         .unwrap();
     poller.restart().await.unwrap();
     herald.wait_delivered(25, Duration::from_secs(60)).await;

@@ -1,0 +1,349 @@
+//! The poller fleet: partitions leased through etcd, fenced in PostgreSQL.
+//!
+//! Each poller joins with a member key on its own lease. Whenever a member or ownership key
+//! changes (an etcd watch, no polling), every poller recomputes the assignment from the live
+//! member set ([`herald_core::assignment::assign`]) and reconciles: it first stops the
+//! partitions that are no longer its own — the partition task finishes its in-flight batch,
+//! then the ownership key is deleted so the next owner starts at once — and then creates the
+//! ownership keys of the partitions assigned to it that nobody holds. A new key's create
+//! revision is the epoch; it is recorded in `partition_leases` before the first claim, so the
+//! previous owner's statements change nothing from then on. When the lease cannot be renewed
+//! for half its TTL, the poller stops every partition before the lease can expire, then joins
+//! again with a new lease.
+
+use std::collections::{BTreeMap, HashMap};
+
+use futures::StreamExt;
+use std::time::{Duration, Instant};
+
+use herald_coord::{Coordinator, LeaseHealth, Membership};
+use herald_core::{assignment::assign, Fence, PartitionCount};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics as m;
+use crate::{PartitionExit, Poller, Wakers};
+
+#[derive(Debug, Clone)]
+pub struct FleetSettings {
+    /// This poller's member id (unique in the fleet).
+    pub member: String,
+    /// The lease TTL; the poller stops writing after TTL / 2 without a renewal.
+    pub lease_ttl: Duration,
+    /// Longest wait for in-flight batches when stopping (shutdown or lease at risk).
+    pub drain_timeout: Duration,
+}
+
+/// A poller that shares the partitions with the rest of the fleet.
+pub struct Fleet {
+    pub poller: Poller,
+    pub coord: Coordinator,
+    pub pool: PgPool,
+    pub partitions: PartitionCount,
+    pub settings: FleetSettings,
+}
+
+struct Running {
+    fence: Fence,
+    cancel: CancellationToken,
+    task: JoinHandle<PartitionExit>,
+}
+
+enum Exit {
+    Shutdown,
+    LeaseLost,
+}
+
+impl Fleet {
+    /// Runs until `cancel`: joins, owns its share, hands partitions over as the fleet changes,
+    /// and on cancel drains, deletes its keys (by revoking its lease) and returns.
+    pub async fn run(&self, cancel: CancellationToken) -> anyhow::Result<()> {
+        let wakers = Wakers::new(self.partitions.all());
+        let listener = tokio::spawn(wakers.clone().listen(self.pool.clone(), cancel.clone()));
+        while !cancel.is_cancelled() {
+            let mut membership = match Membership::join(
+                &self.coord,
+                &self.settings.member,
+                self.settings.lease_ttl,
+            )
+            .await
+            {
+                Ok(membership) => membership,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot join the fleet (etcd unreachable?); retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            tracing::info!(member = %self.settings.member, lease = membership.lease, "joined the fleet");
+            match self.serve(&mut membership, &wakers, &cancel).await {
+                Exit::Shutdown => {
+                    membership.leave(&self.coord).await;
+                    tracing::info!("left the fleet: partitions released");
+                }
+                Exit::LeaseLost => {
+                    ::metrics::counter!(m::LEASE_LOSSES).increment(1);
+                    // If etcd is back and the old lease still lives, revoking it frees our old
+                    // keys now instead of after the TTL.
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), membership.leave(&self.coord))
+                            .await;
+                }
+            }
+        }
+        let _ = listener.await;
+        Ok(())
+    }
+
+    async fn serve(
+        &self,
+        membership: &mut Membership,
+        wakers: &Wakers,
+        cancel: &CancellationToken,
+    ) -> Exit {
+        let mut owned: BTreeMap<u32, Running> = BTreeMap::new();
+        let mut released_at: HashMap<u32, Instant> = HashMap::new();
+        let (exits_tx, mut exits) = mpsc::unbounded_channel::<u32>();
+        let mut watch = None;
+        loop {
+            if watch.is_none() {
+                match self.coord.watch().await {
+                    Ok(stream) => watch = Some(stream),
+                    Err(err) => tracing::warn!(error = %err, "cannot watch etcd; retrying"),
+                }
+            }
+            let retry = match self
+                .reconcile(
+                    membership.lease,
+                    &mut owned,
+                    &mut released_at,
+                    wakers,
+                    &exits_tx,
+                )
+                .await
+            {
+                Ok(()) => watch.is_none(),
+                Err(err) => {
+                    tracing::warn!(error = %err, "rebalancing failed; retrying");
+                    true
+                }
+            };
+            ::metrics::gauge!(m::OWNED_PARTITIONS).set(owned.len() as f64);
+            tokio::select! {
+                _ = cancel.cancelled() => {
+                    self.stop_all(&mut owned).await;
+                    return Exit::Shutdown;
+                }
+                health = membership.at_risk() => {
+                    tracing::error!(?health, "lease at risk: stopping every partition before it can expire");
+                    self.stop_all(&mut owned).await;
+                    ::metrics::gauge!(m::OWNED_PARTITIONS).set(0.0);
+                    debug_assert_ne!(health, LeaseHealth::Held);
+                    return Exit::LeaseLost;
+                }
+                changed = next_change(&self.coord, &mut watch, &mut released_at), if watch.is_some() => {
+                    if !changed {
+                        watch = None;
+                    }
+                }
+                Some(partition) = exits.recv() => {
+                    tracing::debug!(partition, "a partition task ended");
+                }
+                _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
+            }
+        }
+    }
+
+    /// Brings ownership in line with the assignment: release first, then acquire.
+    async fn reconcile(
+        &self,
+        lease: i64,
+        owned: &mut BTreeMap<u32, Running>,
+        released_at: &mut HashMap<u32, Instant>,
+        wakers: &Wakers,
+        exits: &mpsc::UnboundedSender<u32>,
+    ) -> anyhow::Result<()> {
+        let me = self.settings.member.as_str();
+        let mut members = self.coord.members().await?;
+        if !members.iter().any(|m| m == me) {
+            self.coord.put_member(me, lease).await?;
+            members.push(me.to_owned());
+            members.sort();
+        }
+        let owners = self.coord.owners().await?;
+        released_at.retain(|p, _| !owners.contains_key(p));
+        let target = assign(&members, self.partitions);
+        let mine = |p: u32| members[target[p as usize]] == me;
+
+        // Stop what is no longer ours (or whose task ended), all at once, then release.
+        let leaving: Vec<u32> = owned
+            .iter()
+            .filter(|(p, running)| {
+                let key_held = owners
+                    .get(p)
+                    .is_some_and(|o| o.owner == me && o.epoch == running.fence.epoch);
+                !mine(**p) || !key_held || running.task.is_finished()
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        let stopping: Vec<Running> = leaving.iter().filter_map(|p| owned.remove(p)).collect();
+        for running in &stopping {
+            running.cancel.cancel();
+        }
+        let released = futures::future::join_all(stopping.into_iter().map(|running| async move {
+            let partition = running.fence.partition;
+            let exit = tokio::time::timeout(self.settings.drain_timeout, running.task).await;
+            if !matches!(exit, Ok(Ok(PartitionExit::Cancelled))) {
+                tracing::warn!(partition, ?exit, "partition task did not end cleanly");
+            }
+            let released = self
+                .coord
+                .release(partition, me, running.fence.epoch)
+                .await?;
+            if released {
+                tracing::info!(
+                    partition,
+                    epoch = running.fence.epoch,
+                    "drained and released"
+                );
+            }
+            Ok::<bool, herald_coord::CoordError>(released)
+        }))
+        .await;
+        for result in released {
+            if result? {
+                ::metrics::counter!(m::RELEASES).increment(1);
+            }
+        }
+
+        // Acquire what is ours and free. A partition still held by its previous owner is
+        // taken when the watch reports its key deleted.
+        let free: Vec<u32> = self
+            .partitions
+            .all()
+            .filter(|p| mine(*p) && !owned.contains_key(p) && !owners.contains_key(p))
+            .collect();
+        // Acquired concurrently: the handoff gap of the last partition is one round trip, not
+        // one per partition.
+        let acquired: Vec<anyhow::Result<Option<Fence>>> = futures::stream::iter(free)
+            .map(|partition| self.acquire(partition, lease))
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        for fence in acquired {
+            let Some(fence) = fence? else {
+                continue;
+            };
+            let partition = fence.partition;
+            if let Some(released) = released_at.remove(&partition) {
+                ::metrics::histogram!(m::HANDOFF_GAP).record(released.elapsed().as_secs_f64());
+            }
+            ::metrics::counter!(m::ACQUISITIONS).increment(1);
+            let cancel = CancellationToken::new();
+            let poller = self.poller.clone();
+            let waker = wakers.get(partition);
+            let task_cancel = cancel.clone();
+            let exits = exits.clone();
+            let task = tokio::spawn(async move {
+                let exit = poller.run_partition(fence, waker, task_cancel).await;
+                if exit == PartitionExit::Fenced {
+                    tracing::error!(
+                        partition,
+                        epoch = fence.epoch,
+                        "fenced: a newer owner took the partition"
+                    );
+                }
+                let _ = exits.send(partition);
+                exit
+            });
+            owned.insert(
+                partition,
+                Running {
+                    fence,
+                    cancel,
+                    task,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Creates the partition's ownership key and records its epoch in PostgreSQL. `None` when
+    /// someone else holds the key, or (never expected) PostgreSQL already has a higher epoch.
+    async fn acquire(&self, partition: u32, lease: i64) -> anyhow::Result<Option<Fence>> {
+        let me = self.settings.member.as_str();
+        let Some(epoch) = self.coord.try_acquire(partition, me, lease).await? else {
+            return Ok(None);
+        };
+        if !herald_store::leases::record_epoch(&self.pool, partition, me, epoch).await? {
+            // etcd and PostgreSQL disagree about who is newer: never write.
+            ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
+            tracing::error!(
+                partition,
+                epoch,
+                "a higher epoch is already recorded; not claiming"
+            );
+            self.coord.release(partition, me, epoch).await?;
+            return Ok(None);
+        }
+        Ok(Some(Fence { partition, epoch }))
+    }
+
+    /// Stops every partition task (each finishes its in-flight batch), bounded by the drain
+    /// timeout; tasks still running after it are aborted (their rows are re-driven).
+    async fn stop_all(&self, owned: &mut BTreeMap<u32, Running>) {
+        for running in owned.values() {
+            running.cancel.cancel();
+        }
+        let deadline = tokio::time::Instant::now() + self.settings.drain_timeout;
+        for (partition, running) in std::mem::take(owned) {
+            let abort = running.task.abort_handle();
+            if tokio::time::timeout_at(deadline, running.task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(partition, "in-flight batch did not finish in time; aborted");
+                abort.abort();
+            }
+        }
+    }
+}
+
+/// Waits for the next watch message; records when ownership keys were deleted. Returns false
+/// when the watch ended (it is then re-created).
+async fn next_change(
+    coord: &Coordinator,
+    watch: &mut Option<etcd_client::WatchStream>,
+    released_at: &mut HashMap<u32, Instant>,
+) -> bool {
+    let Some(stream) = watch.as_mut() else {
+        return false;
+    };
+    let mut note = |response: etcd_client::WatchResponse| {
+        for event in response.events() {
+            if event.event_type() == etcd_client::EventType::Delete {
+                if let Some(partition) = event.kv().and_then(|kv| coord.partition_of_key(kv.key()))
+                {
+                    released_at.entry(partition).or_insert_with(Instant::now);
+                }
+            }
+        }
+    };
+    match stream.message().await {
+        Ok(Some(response)) => {
+            note(response);
+            // Coalesce a burst (a handoff of many partitions) into one reconcile.
+            while let Ok(Ok(Some(more))) =
+                tokio::time::timeout(Duration::from_millis(20), stream.message()).await
+            {
+                note(more);
+            }
+            true
+        }
+        Ok(None) | Err(_) => false,
+    }
+}

@@ -1,0 +1,438 @@
+//! The poller fleet on real etcd: sharing, joining, kill -9, SIGTERM handoff, SIGSTOP past the
+//! TTL, an etcd outage and a rolling restart — each under load, each ending with the proof.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use herald_coord::{Coordinator, Ownership};
+use herald_core::{assignment::assign, PartitionCount};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::deployment::args;
+use crate::{Deployment, Options};
+
+const P: u32 = 64;
+
+async fn fleet(pollers: usize, lease_ttl: &str) -> Deployment {
+    Deployment::start(Options {
+        partitions: P,
+        pollers,
+        fleet: true,
+        poller_flags: args(&["--lease-ttl", lease_ttl, "--drain-timeout", "5s"]),
+        ..Options::default()
+    })
+    .await
+}
+
+async fn coordinator(herald: &Deployment) -> Coordinator {
+    Coordinator::connect(&[herald.etcd.endpoint()], "/herald", Duration::from_secs(2))
+        .await
+        .unwrap()
+}
+
+/// The owners once every partition is owned exactly as the assignment of `members` says.
+async fn wait_stable(
+    coord: &Coordinator,
+    members: &[&str],
+    timeout: Duration,
+) -> BTreeMap<u32, Ownership> {
+    let members: Vec<String> = members.iter().map(|m| m.to_string()).collect();
+    let target = assign(&members, PartitionCount::new(P).unwrap());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let owners = coord.owners().await.unwrap_or_default();
+        let settled = owners.len() == P as usize
+            && owners
+                .iter()
+                .all(|(p, o)| o.owner == members[target[*p as usize]]);
+        if settled {
+            return owners;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ownership did not settle on {members:?} within {timeout:?}: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count_by_owner(owners: &BTreeMap<u32, Ownership>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for o in owners.values() {
+        *counts.entry(o.owner.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// A steady open load of small batches until stopped; keeps every accepted id.
+struct Load {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Load {
+    fn start(herald: &Deployment, batch: usize, every: Duration) -> Self {
+        let stop = CancellationToken::new();
+        let (client, api, cancel) = (herald.client.clone(), herald.api_url.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut sent = 0;
+            let mut tick = tokio::time::interval(every);
+            while !cancel.is_cancelled() {
+                tick.tick().await;
+                let messages: Vec<_> = (0..batch)
+                    .map(
+                        |i| json!({"recipient": format!("r{}", sent + i), "body": {"n": sent + i}}),
+                    )
+                    .collect();
+                let response = client
+                    .post(format!("{api}/v1/messages/batch"))
+                    .json(&json!({ "messages": messages }))
+                    .send()
+                    .await
+                    .expect("API reachable");
+                assert_eq!(response.status(), 202, "the API keeps accepting");
+                sent += batch;
+            }
+            sent
+        });
+        Self { stop, task }
+    }
+
+    async fn finish(self) -> usize {
+        self.stop.cancel();
+        self.task.await.unwrap()
+    }
+}
+
+/// Watches the ownership keys from outside and records every handoff gap: the time from a
+/// partition's key being deleted to its next creation.
+struct GapWatch {
+    gaps: Arc<Mutex<Vec<Duration>>>,
+    stop: CancellationToken,
+}
+
+impl GapWatch {
+    async fn start(coord: &Coordinator) -> Self {
+        let mut stream = coord.watch().await.unwrap();
+        let gaps = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let (record, cancel, coord) = (gaps.clone(), stop.clone(), coord.clone());
+        tokio::spawn(async move {
+            let mut deleted: HashMap<u32, Instant> = HashMap::new();
+            loop {
+                let message = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    m = stream.message() => m,
+                };
+                let Ok(Some(response)) = message else { return };
+                for event in response.events() {
+                    let Some(p) = event.kv().and_then(|kv| coord.partition_of_key(kv.key())) else {
+                        continue;
+                    };
+                    match event.event_type() {
+                        etcd_client::EventType::Delete => {
+                            deleted.insert(p, Instant::now());
+                        }
+                        etcd_client::EventType::Put => {
+                            if let Some(at) = deleted.remove(&p) {
+                                record.lock().unwrap().push(at.elapsed());
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Self { gaps, stop }
+    }
+
+    fn largest(&self) -> (usize, Duration) {
+        let gaps = self.gaps.lock().unwrap();
+        (gaps.len(), gaps.iter().copied().max().unwrap_or_default())
+    }
+}
+
+impl Drop for GapWatch {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn owned_gauge(herald: &Deployment, poller: usize) -> f64 {
+    let text = herald.metrics(&herald.poller_admins[poller]).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("herald_poller_owned_partitions "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+async fn prove(herald: &Deployment, accepted: usize) {
+    herald
+        .wait_delivered(accepted as i64, Duration::from_secs(120))
+        .await;
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 0, "{report}");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM messages")
+        .fetch_one(&herald.pool)
+        .await
+        .unwrap();
+    assert_eq!(count as usize, accepted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() {
+    let mut herald = fleet(3, "10s").await;
+    let coord = coordinator(&herald).await;
+    let before = wait_stable(
+        &coord,
+        &["poller-0", "poller-1", "poller-2"],
+        Duration::from_secs(20),
+    )
+    .await;
+    let counts = count_by_owner(&before);
+    assert!(counts.values().all(|&n| n == 21 || n == 22), "{counts:?}");
+    for (i, name) in ["poller-0", "poller-1", "poller-2"].iter().enumerate() {
+        assert_eq!(owned_gauge(&herald, i).await, counts[*name] as f64);
+    }
+    // PostgreSQL records the epoch of each etcd ownership.
+    let recorded: Vec<(i32, String, i64)> =
+        sqlx::query_as("SELECT partition, owner, epoch FROM partition_leases ORDER BY partition")
+            .fetch_all(&herald.pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded.len(), P as usize);
+    for (p, owner, epoch) in recorded {
+        assert_eq!(
+            (&owner, epoch),
+            (&before[&(p as u32)].owner, before[&(p as u32)].epoch)
+        );
+    }
+
+    let load = Load::start(&herald, 20, Duration::from_millis(50));
+    let port = herald_testkit::free_port().unwrap();
+    herald
+        .poller_admins
+        .push(format!("http://127.0.0.1:{port}"));
+    let fourth = args(&[
+        "poller",
+        "--poller-id",
+        "poller-3",
+        "--admin-listen",
+        &format!("127.0.0.1:{port}"),
+        "--redis-send-url",
+        &herald.redis.url(),
+        "--etcd-endpoints",
+        &herald.etcd.endpoint(),
+        "--poll-interval",
+        "100ms",
+    ]);
+    let health = format!("http://127.0.0.1:{port}/healthz");
+    herald.spawn("poller-3", fourth, health).await;
+    let after = wait_stable(
+        &coord,
+        &["poller-0", "poller-1", "poller-2", "poller-3"],
+        Duration::from_secs(20),
+    )
+    .await;
+    let counts = count_by_owner(&after);
+    assert!(counts.values().all(|&n| n == 16), "{counts:?}");
+
+    // A partition whose owner stays the same keeps its ownership (same epoch: never released).
+    let moved: Vec<u32> = (0..P)
+        .filter(|p| before[p].owner != after[p].owner)
+        .collect();
+    for p in 0..P {
+        if before[&p].owner == after[&p].owner {
+            assert_eq!(
+                before[&p].epoch, after[&p].epoch,
+                "partition {p} was re-acquired needlessly"
+            );
+        } else {
+            assert!(after[&p].epoch > before[&p].epoch);
+        }
+    }
+    assert!(
+        moved.len() >= 16 && moved.len() <= 33,
+        "moved {}: {moved:?}",
+        moved.len()
+    );
+    println!(
+        "a fourth poller joined: {} partitions moved (minimum 16)",
+        moved.len()
+    );
+    let accepted = load.finish().await;
+    prove(&herald, accepted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_poller_s_partitions_are_owned_again_within_the_ttl() {
+    let mut herald = fleet(3, "3s").await;
+    let coord = coordinator(&herald).await;
+    wait_stable(
+        &coord,
+        &["poller-0", "poller-1", "poller-2"],
+        Duration::from_secs(20),
+    )
+    .await;
+    let load = Load::start(&herald, 20, Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let killed = Instant::now();
+    herald.role("poller-1").kill9().await.unwrap();
+    wait_stable(&coord, &["poller-0", "poller-2"], Duration::from_secs(5)).await;
+    let failover = killed.elapsed();
+    println!("kill -9: every partition owned again after {failover:?} (TTL 3s)");
+    assert!(failover <= Duration::from_secs(5), "{failover:?}");
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let accepted = load.finish().await;
+    prove(&herald, accepted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_partitions_off_well_before_the_ttl() {
+    let mut herald = fleet(3, "10s").await;
+    let coord = coordinator(&herald).await;
+    wait_stable(
+        &coord,
+        &["poller-0", "poller-1", "poller-2"],
+        Duration::from_secs(20),
+    )
+    .await;
+    let gaps = GapWatch::start(&coord).await;
+    let load = Load::start(&herald, 20, Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let asked = Instant::now();
+    let exited = herald
+        .role("poller-1")
+        .terminate(Duration::from_secs(8))
+        .await
+        .unwrap();
+    assert!(exited, "poller-1 exits by itself within its drain timeout");
+    wait_stable(&coord, &["poller-0", "poller-2"], Duration::from_secs(5)).await;
+    let handoff = asked.elapsed();
+    let (handoffs, largest) = gaps.largest();
+    println!("SIGTERM: all partitions owned again after {handoff:?}; {handoffs} handoffs, largest gap {largest:?}");
+    assert!(handoff < Duration::from_secs(5), "below TTL/2: {handoff:?}");
+    assert!(handoffs >= 21);
+    assert!(largest < Duration::from_secs(1), "{largest:?}");
+
+    let accepted = load.finish().await;
+    prove(&herald, accepted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins() {
+    let mut herald = fleet(2, "3s").await;
+    let coord = coordinator(&herald).await;
+    let before = wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(20)).await;
+    let old_epochs: Vec<i64> = before
+        .values()
+        .filter(|o| o.owner == "poller-1")
+        .map(|o| o.epoch)
+        .collect();
+    let load = Load::start(&herald, 20, Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    herald.role("poller-1").pause().unwrap();
+    wait_stable(&coord, &["poller-0"], Duration::from_secs(10)).await;
+    let taken_over: chrono_free::Now = chrono_free::now(&herald.pool).await;
+    herald.role("poller-1").resume().unwrap();
+    // It rejoins: both members again, poller-1 with new epochs.
+    let after = wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(15)).await;
+    for o in after.values().filter(|o| o.owner == "poller-1") {
+        assert!(!old_epochs.contains(&o.epoch));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let accepted = load.finish().await;
+    prove(&herald, accepted).await;
+
+    let touched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE claimed_epoch = ANY($1) AND claimed_at > $2::timestamptz",
+    )
+    .bind(&old_epochs)
+    .bind(&taken_over.0)
+    .fetch_one(&herald.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        touched, 0,
+        "the deposed poller claimed rows after the takeover"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_stops_claiming_and_the_fleet_resumes_after_it() {
+    let mut herald = fleet(2, "4s").await;
+    let coord = coordinator(&herald).await;
+    wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(20)).await;
+    let load = Load::start(&herald, 20, Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    herald.etcd.stop().await.unwrap();
+    // Within the TTL both pollers stop claiming.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for poller in 0..2 {
+        assert_eq!(
+            owned_gauge(&herald, poller).await,
+            0.0,
+            "poller-{poller} still claims"
+        );
+    }
+    let quiet_since = chrono_free::now(&herald.pool).await;
+    tokio::time::sleep(Duration::from_secs(26)).await;
+    let claimed_while_down: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE claimed_at > $1::timestamptz")
+            .bind(&quiet_since.0)
+            .fetch_one(&herald.pool)
+            .await
+            .unwrap();
+    assert_eq!(claimed_while_down, 0, "rows were claimed without a lease");
+
+    herald.etcd.restart().await.unwrap();
+    let coord = coordinator(&herald).await;
+    wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let accepted = load.finish().await;
+    prove(&herald, accepted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_loses_nothing_and_reports_the_largest_gap() {
+    let mut herald = fleet(3, "10s").await;
+    let coord = coordinator(&herald).await;
+    let all = ["poller-0", "poller-1", "poller-2"];
+    wait_stable(&coord, &all, Duration::from_secs(20)).await;
+    let gaps = GapWatch::start(&coord).await;
+    let load = Load::start(&herald, 20, Duration::from_millis(50));
+    for name in all {
+        let poller = herald.role(name);
+        assert!(
+            poller.terminate(Duration::from_secs(8)).await.unwrap(),
+            "{name} drains in time"
+        );
+        let rest: Vec<&str> = all.iter().copied().filter(|n| *n != name).collect();
+        wait_stable(&coord, &rest, Duration::from_secs(5)).await;
+        herald.role(name).restart().await.unwrap();
+        wait_stable(&coord, &all, Duration::from_secs(10)).await;
+    }
+    let accepted = load.finish().await;
+    let (handoffs, largest) = gaps.largest();
+    println!("rolling restart: {handoffs} handoffs, largest gap {largest:?}");
+    assert!(largest < Duration::from_secs(5), "{largest:?}");
+    prove(&herald, accepted).await;
+}
+
+/// The database's clock, so comparisons with `claimed_at` use one clock.
+mod chrono_free {
+    pub struct Now(pub String);
+
+    pub async fn now(pool: &sqlx::PgPool) -> Now {
+        Now(sqlx::query_scalar("SELECT now()::text")
+            .fetch_one(pool)
+            .await
+            .unwrap())
+    }
+}
