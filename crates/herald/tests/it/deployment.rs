@@ -22,6 +22,8 @@ pub struct Options {
     /// How many pollers; with `fleet` they share the partitions through etcd.
     pub pollers: usize,
     pub fleet: bool,
+    /// Redis instances of the send job type (shards).
+    pub send_shards: usize,
 }
 
 impl Default for Options {
@@ -33,6 +35,7 @@ impl Default for Options {
             poller_flags: Vec::new(),
             pollers: 1,
             fleet: false,
+            send_shards: 1,
         }
     }
 }
@@ -40,6 +43,8 @@ impl Default for Options {
 pub struct Deployment {
     pub pg: LocalPostgres,
     pub redis: LocalRedis,
+    /// Send shards after the first (`redis` is shard 0).
+    pub more_redis: Vec<LocalRedis>,
     pub etcd: LocalEtcd,
     pub database_url: String,
     pub pool: PgPool,
@@ -94,6 +99,7 @@ impl Deployment {
             worker_admin: format!("http://127.0.0.1:{worker_port}"),
             pg,
             redis,
+            more_redis: Vec::new(),
             etcd,
             database_url,
             pool,
@@ -101,6 +107,12 @@ impl Deployment {
             client: reqwest::Client::new(),
             logs,
         };
+        for _ in 1..options.send_shards {
+            deployment
+                .more_redis
+                .push(LocalRedis::start().await.expect("redis shard"));
+        }
+        let send_urls = deployment.send_urls().join(",");
         let sim_log = deployment.logs.path().join("submits.jsonl");
         let mut sim = args(&[
             "provider-sim",
@@ -131,7 +143,7 @@ impl Deployment {
                 "--admin-listen",
                 &format!("127.0.0.1:{poller_port}"),
                 "--redis-send-url",
-                &deployment.redis.url(),
+                &send_urls,
                 "--poll-interval",
                 "100ms",
             ]);
@@ -152,7 +164,7 @@ impl Deployment {
             "--admin-listen",
             &format!("127.0.0.1:{worker_port}"),
             "--redis-url",
-            &deployment.redis.url(),
+            &send_urls,
             "--provider-url",
             &deployment.sim_url,
         ]);
@@ -184,6 +196,14 @@ impl Deployment {
         .await
         .unwrap_or_else(|err| panic!("{name} did not start: {err:#}"));
         self.roles.push(role);
+    }
+
+    /// Every send shard's URL, shard 0 first.
+    pub fn send_urls(&self) -> Vec<String> {
+        std::iter::once(&self.redis)
+            .chain(&self.more_redis)
+            .map(|r| r.url())
+            .collect()
     }
 
     /// The role process named `name`.

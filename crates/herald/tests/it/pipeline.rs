@@ -207,3 +207,41 @@ async fn verify_fails_when_an_accepted_message_never_reached_the_provider() {
     herald.wait_delivered(25, Duration::from_secs(60)).await;
     assert_eq!(herald.verify().await.0, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_publish_to_their_shard_and_workers_read_every_shard() {
+    let herald = Deployment::start(Options {
+        send_shards: 2,
+        ..Options::default()
+    })
+    .await;
+    let ids = herald.send(2000, 200, 2).await;
+    herald
+        .wait_delivered(ids.len() as i64, Duration::from_secs(120))
+        .await;
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 0, "{report}");
+
+    // Each shard's stream saw exactly the jobs of its partitions (p mod 2), and kept none.
+    let by_shard: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT partition % 2, count(*) FROM outbox GROUP BY 1 ORDER BY 1")
+            .fetch_all(&herald.pool)
+            .await
+            .unwrap();
+    for (shard, url) in herald.send_urls().iter().enumerate() {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(format!("herald:send:{shard}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let fields: std::collections::HashMap<String, redis::Value> =
+            redis::from_redis_value(info).unwrap();
+        let added: i64 = redis::from_redis_value(fields["entries-added"].clone()).unwrap();
+        let length: i64 = redis::from_redis_value(fields["length"].clone()).unwrap();
+        assert_eq!(added, by_shard[shard].1, "shard {shard}");
+        assert_eq!(length, 0, "acknowledged entries are deleted");
+    }
+}
