@@ -7,6 +7,7 @@
 mod auth;
 mod handlers;
 pub mod metrics;
+pub mod operations;
 pub mod problem;
 pub mod validate;
 pub mod wire;
@@ -53,6 +54,14 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/messages/batch", post(handlers::accept_batch))
         .route("/v1/messages/{id}", get(handlers::get_message))
         .route("/v1/partitions", get(handlers::list_partitions))
+        .route(
+            "/v1/providers/{gateway}/receipts",
+            post(operations::accept_receipt),
+        )
+        .route("/v1/dead", get(operations::list_dead))
+        .route("/v1/dead/{id}/redrive", post(operations::redrive_dead))
+        .route("/v1/parking", get(operations::list_parked))
+        .route("/v1/parking/{id}/replay", post(operations::replay_parked))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,

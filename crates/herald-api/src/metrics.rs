@@ -6,6 +6,8 @@ pub const ACCEPTED: &str = "herald_messages_accepted_total";
 pub const REPLAYED: &str = "herald_messages_replayed_total";
 /// Requests refused, by reason (the problem type).
 pub const REJECTED: &str = "herald_api_rejected_total";
+/// Provider receipts stored.
+pub const RECEIPTS: &str = "herald_receipts_received_total";
 /// Accept requests (single and batch), end to end inside the handler.
 pub const REQUEST_DURATION: &str = "herald_api_request_duration_seconds";
 
@@ -16,6 +18,7 @@ pub fn describe() {
         "Requests answered from an existing Idempotency-Key."
     );
     metrics::describe_counter!(REJECTED, "API requests refused, by reason.");
+    metrics::describe_counter!(RECEIPTS, "Provider receipts stored with their status job.");
     metrics::describe_histogram!(
         REQUEST_DURATION,
         metrics::Unit::Seconds,

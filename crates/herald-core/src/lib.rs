@@ -8,6 +8,7 @@ pub mod fence;
 pub mod idempotency;
 pub mod job;
 pub mod partition;
+pub mod receipt;
 pub mod state;
 
 pub use fence::Fence;

@@ -20,16 +20,32 @@ pub enum MessageState {
     Failed,
     /// Its outbox row passed the attempt limit; an operator can re-drive it.
     Dead,
+    /// The provider reported an intermediate state: accepted by the network, not final.
+    Enroute,
+    /// No final receipt came within the reconciliation window: the outcome is unknown. Never
+    /// turned into a failure by Herald; a late final receipt still settles it.
+    Unknown,
+    /// Final receipt: delivered to the recipient.
+    Delivered,
+    /// Final receipt: the provider gave up or the recipient rejected it.
+    Undelivered,
+    /// Final receipt: the message's validity ran out before delivery.
+    Expired,
 }
 
 impl MessageState {
-    pub const ALL: [MessageState; 6] = [
+    pub const ALL: [MessageState; 11] = [
         MessageState::Queued,
         MessageState::Claimed,
         MessageState::Retrying,
         MessageState::Accepted,
         MessageState::Failed,
         MessageState::Dead,
+        MessageState::Enroute,
+        MessageState::Unknown,
+        MessageState::Delivered,
+        MessageState::Undelivered,
+        MessageState::Expired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -40,6 +56,11 @@ impl MessageState {
             MessageState::Accepted => "ACCEPTED",
             MessageState::Failed => "FAILED",
             MessageState::Dead => "DEAD",
+            MessageState::Enroute => "ENROUTE",
+            MessageState::Unknown => "UNKNOWN",
+            MessageState::Delivered => "DELIVERED",
+            MessageState::Undelivered => "UNDELIVERED",
+            MessageState::Expired => "EXPIRED",
         }
     }
 
@@ -52,6 +73,9 @@ impl MessageState {
             MessageState::Queued => 0,
             MessageState::Claimed | MessageState::Retrying | MessageState::Dead => 1,
             MessageState::Accepted | MessageState::Failed => 2,
+            MessageState::Enroute => 3,
+            MessageState::Unknown => 4,
+            MessageState::Delivered | MessageState::Undelivered | MessageState::Expired => 5,
         }
     }
 }

@@ -39,6 +39,8 @@ pub struct PollerSettings {
     pub stale_after: Duration,
     /// Claims a row may use before it becomes DEAD.
     pub max_attempts: u32,
+    /// A send CLAIMED this long ago with no outcome recorded (its worker died) is re-driven.
+    pub stale_claim_after: Duration,
     /// Pause after the queue store refused a publish.
     pub publish_backoff: Duration,
 }
@@ -52,6 +54,7 @@ impl Default for PollerSettings {
             redrive_interval: Duration::from_secs(5),
             stale_after: Duration::from_secs(120),
             max_attempts: 10,
+            stale_claim_after: Duration::from_secs(300),
             publish_backoff: Duration::from_secs(1),
         }
     }
@@ -250,7 +253,9 @@ impl Poller {
                 }
                 ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved.pending);
                 ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
-                Ok(())
+                ::metrics::counter!(herald_store::metrics::DEAD, "stage" => "redrive")
+                    .increment(moved.dead);
+                self.redrive_claims(fence).await
             }
             Err(herald_store::StoreError::Fenced { .. }) => {
                 ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
@@ -258,6 +263,40 @@ impl Poller {
             }
             Err(err) => {
                 tracing::warn!(partition = fence.partition, error = %err, "re-drive failed");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Poller {
+    /// Re-drives the partition's sends whose worker died after CLAIMED (rule R4).
+    async fn redrive_claims(&self, fence: Fence) -> Result<(), PartitionExit> {
+        match herald_store::outbox::redrive_stale_claims(
+            &self.pool,
+            fence,
+            self.settings.stale_claim_after,
+            self.settings.max_attempts,
+        )
+        .await
+        {
+            Ok(moved) => {
+                if moved.pending > 0 || moved.dead > 0 {
+                    tracing::warn!(
+                        partition = fence.partition,
+                        pending = moved.pending,
+                        dead = moved.dead,
+                        "re-drove sends whose worker recorded no outcome after CLAIMED"
+                    );
+                }
+                ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved.pending);
+                ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
+                ::metrics::counter!(herald_store::metrics::DEAD, "stage" => "stale_claim")
+                    .increment(moved.dead);
+                Ok(())
+            }
+            Err(err) => {
+                tracing::warn!(partition = fence.partition, error = %err, "re-drive of stale claims failed");
                 Ok(())
             }
         }

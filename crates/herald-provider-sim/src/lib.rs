@@ -6,6 +6,7 @@
 //! a log file before it is answered, so delivery can be proven after any crash, and the log is
 //! read back on start.
 
+mod receipts;
 mod record;
 
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ use axum::{Json, Router};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+pub use receipts::{Faults, ReceiptRates};
 pub use record::{Record, SubmitAnswer};
 
 /// The simulator's behaviour.
@@ -41,6 +43,13 @@ pub struct SimSettings {
     pub timeout_delay: Duration,
     /// Append-only record of every first submit.
     pub log_path: PathBuf,
+    /// Where delivery receipts go: Herald's API base URL (receipts are posted to
+    /// `{callback}/v1/providers/{gateway}/receipts`). None: no receipts.
+    pub callback_url: Option<String>,
+    /// Bearer token for the callback, when Herald's API requires keys.
+    pub callback_token: Option<String>,
+    /// The kinds of receipts sent, by rate.
+    pub receipts: ReceiptRates,
 }
 
 impl Default for SimSettings {
@@ -54,6 +63,9 @@ impl Default for SimSettings {
             timeout_rate: 0.0,
             timeout_delay: Duration::from_secs(30),
             log_path: PathBuf::from("provider-sim-submits.jsonl"),
+            callback_url: None,
+            callback_token: None,
+            receipts: ReceiptRates::default(),
         }
     }
 }
@@ -68,12 +80,18 @@ pub struct Stats {
     pub duplicate_submits: u64,
     pub injected_errors: u64,
     pub injected_timeouts: u64,
+    /// Receipts delivered to the callback (answered 2xx).
+    pub receipts_sent: u64,
+    /// Receipts given up on after every retry failed.
+    pub receipts_failed: u64,
 }
 
 #[derive(Clone)]
 struct Sim {
     settings: Arc<SimSettings>,
+    faults: Arc<std::sync::Mutex<Faults>>,
     record: Arc<tokio::sync::Mutex<Record>>,
+    receipts: Option<receipts::Sender>,
 }
 
 /// Builds the simulator's router; the log is opened (and read back) here.
@@ -92,15 +110,34 @@ pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
             "{name} rate must be within 0..=1, got {rate}"
         );
     }
-    let record = Record::open(&settings.log_path, &settings.gateways, settings.id_wrap)?;
+    settings.receipts.validate()?;
+    let record = Arc::new(tokio::sync::Mutex::new(Record::open(
+        &settings.log_path,
+        &settings.gateways,
+        settings.id_wrap,
+    )?));
+    let receipts = settings.callback_url.as_ref().map(|url| {
+        receipts::Sender::new(
+            url,
+            settings.callback_token.clone(),
+            settings.receipts.clone(),
+            record.clone(),
+        )
+    });
     let sim = Sim {
+        faults: Arc::new(std::sync::Mutex::new(Faults {
+            error_rate: settings.error_rate,
+            timeout_rate: settings.timeout_rate,
+        })),
         settings: Arc::new(settings),
-        record: Arc::new(tokio::sync::Mutex::new(record)),
+        record,
+        receipts: receipts.transpose()?,
     };
     Ok(Router::new()
         .route("/v1/submit", post(submit))
         .route("/v1/stats", get(stats))
         .route("/v1/submits", get(submits))
+        .route("/v1/faults", get(get_faults).put(set_faults))
         .with_state(sim))
 }
 
@@ -130,6 +167,7 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
     if request.recipient.is_empty() {
         return error(StatusCode::UNPROCESSABLE_ENTITY, "recipient is empty");
     }
+    let faults = sim.faults.lock().map(|f| *f).unwrap_or_default();
     let (latency, fail, time_out) = {
         let mut rng = rand::rng();
         let jitter = sim.settings.jitter.as_micros() as u64;
@@ -140,8 +178,8 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
         };
         (
             sim.settings.latency + Duration::from_micros(extra),
-            rng.random_bool(sim.settings.error_rate),
-            rng.random_bool(sim.settings.timeout_rate),
+            rng.random_bool(faults.error_rate),
+            rng.random_bool(faults.timeout_rate),
         )
     };
     if !latency.is_zero() {
@@ -167,11 +205,36 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
     };
     metrics::counter!("herald_sim_submits_total", "outcome" => if answer.duplicate { "duplicate" } else { "first" })
         .increment(1);
+    if !answer.duplicate {
+        if let Some(receipts) = &sim.receipts {
+            receipts.schedule(&answer);
+        }
+    }
     if time_out {
         sim.record.lock().await.count_timeout();
         tokio::time::sleep(sim.settings.timeout_delay).await;
     }
     Json(answer).into_response()
+}
+
+/// `GET /v1/faults`: the injected error and timeout rates now.
+async fn get_faults(State(sim): State<Sim>) -> Json<Faults> {
+    Json(sim.faults.lock().map(|f| *f).unwrap_or_default())
+}
+
+/// `PUT /v1/faults`: changes the injected rates at run time (a provider outage and its end).
+async fn set_faults(State(sim): State<Sim>, Json(faults): Json<Faults>) -> Response {
+    if !(0.0..=1.0).contains(&faults.error_rate) || !(0.0..=1.0).contains(&faults.timeout_rate) {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "rates must be within 0..=1",
+        );
+    }
+    if let Ok(mut current) = sim.faults.lock() {
+        *current = faults;
+    }
+    tracing::info!(?faults, "fault rates changed");
+    Json(faults).into_response()
 }
 
 async fn stats(State(sim): State<Sim>) -> Json<Stats> {

@@ -136,6 +136,14 @@ impl Record {
         self.stats.injected_errors += 1;
     }
 
+    pub fn count_receipt(&mut self, delivered: bool) {
+        if delivered {
+            self.stats.receipts_sent += 1;
+        } else {
+            self.stats.receipts_failed += 1;
+        }
+    }
+
     pub fn count_timeout(&mut self) {
         self.stats.injected_timeouts += 1;
     }

@@ -51,6 +51,12 @@ pub async fn confirm_ownership(
                         jsonb_build_object('worker', $3::text, 'outbox_id', id,
                                            'attempt', attempts)
                  FROM owned WHERE NOT accepted
+             ), in_flight AS (
+                 INSERT INTO in_flight_sends (message_id, partition, outbox_id)
+                 SELECT message_id, $1, id FROM owned WHERE NOT accepted
+                 ON CONFLICT (message_id) DO UPDATE
+                     SET partition = EXCLUDED.partition, outbox_id = EXCLUDED.outbox_id,
+                         claimed_at = now()
              )
              SELECT m.id, m.recipient, m.body, owned.accepted
              FROM owned JOIN messages m ON m.id = owned.message_id",
@@ -78,8 +84,9 @@ pub struct ProviderReceipt {
     pub provider_id: String,
 }
 
-/// Inserts the ledger row for the effect and appends ACCEPTED, in one statement. A second
-/// write of the same effect (same idempotency key) changes nothing and returns false.
+/// Inserts the ledger row for the effect and appends ACCEPTED, in one statement; the send is
+/// no longer in flight and now awaits its receipt. A second write of the same effect (same
+/// idempotency key) changes nothing and returns false.
 pub async fn record_accepted(
     pool: &PgPool,
     message_id: Uuid,
@@ -94,6 +101,12 @@ pub async fn record_accepted(
                  VALUES ($1, $2, $3, $4)
                  ON CONFLICT (idempotency_key) DO NOTHING
                  RETURNING message_id
+             ), settled AS (
+                 DELETE FROM in_flight_sends WHERE message_id = $2
+             ), awaiting AS (
+                 INSERT INTO awaiting_receipt (message_id)
+                 SELECT message_id FROM effect
+                 ON CONFLICT (message_id) DO NOTHING
              )
              INSERT INTO message_events (message_id, state, detail)
              SELECT message_id, 'ACCEPTED',
@@ -142,6 +155,8 @@ pub async fn schedule_retry(
                      last_error = $3
                  WHERE partition = $1 AND id = $2 AND status = 'DONE'
                  RETURNING id, message_id, attempts, status
+             ), settled AS (
+                 DELETE FROM in_flight_sends s USING moved WHERE s.message_id = moved.message_id
              ), event AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id,
@@ -177,7 +192,8 @@ pub async fn record_failed(
     measured(
         Operation::Fail,
         sqlx::query(
-            "INSERT INTO message_events (message_id, state, detail)
+            "WITH settled AS (DELETE FROM in_flight_sends WHERE message_id = $1)
+             INSERT INTO message_events (message_id, state, detail)
              VALUES ($1, 'FAILED', jsonb_build_object('reason', $2::text))",
         )
         .bind(message_id)
@@ -186,4 +202,44 @@ pub async fn record_failed(
     )
     .await?;
     Ok(())
+}
+
+/// Refuses a send before any claim (an internal check failed): the outbox row becomes DONE
+/// and FAILED is appended with the reason, in one statement; no CLAIMED is ever written.
+/// Returns false when the row is not PROCESSING/PUBLISHED (another copy handled it).
+pub async fn reject_before_claim(
+    pool: &PgPool,
+    partition: u32,
+    outbox_id: i64,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    let done = measured(
+        Operation::Fail,
+        sqlx::query(
+            "WITH done AS (
+                 UPDATE outbox SET status = 'DONE', last_error = $3
+                 WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')
+                 RETURNING message_id
+             )
+             INSERT INTO message_events (message_id, state, detail)
+             SELECT message_id, 'FAILED', jsonb_build_object('reason', $3::text, 'stage', 'internal check')
+             FROM done",
+        )
+        .bind(partition as i32)
+        .bind(outbox_id)
+        .bind(reason)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The recipient of a message (for the worker's internal checks).
+pub async fn recipient_of(pool: &PgPool, message_id: Uuid) -> Result<Option<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT recipient FROM messages WHERE id = $1")
+            .bind(message_id)
+            .fetch_optional(pool)
+            .await?,
+    )
 }

@@ -11,6 +11,7 @@ pub mod messages;
 pub mod metrics;
 pub mod migrate;
 pub mod outbox;
+pub mod receipts;
 pub mod verify;
 
 use std::time::Duration;

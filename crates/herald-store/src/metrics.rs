@@ -6,6 +6,10 @@ use std::time::Instant;
 
 /// Failed statements, by operation.
 pub const STORE_ERRORS: &str = "herald_store_errors_total";
+/// Outbox rows that used their last attempt and became DEAD, by where it was decided
+/// (`redrive`: never confirmed; `stale_claim`: worker died after CLAIMED; `retry`: provider
+/// kept failing).
+pub const DEAD: &str = "herald_dead_total";
 
 /// A measured database operation. Each has its own histogram so a stage can be read alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,10 +25,13 @@ pub enum Operation {
     Fail,
     TakeLease,
     Backlog,
+    ReceiptApply,
+    Park,
+    Reconcile,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 14] = [
         Operation::Accept,
         Operation::Claim,
         Operation::Mark,
@@ -36,6 +43,9 @@ impl Operation {
         Operation::Fail,
         Operation::TakeLease,
         Operation::Backlog,
+        Operation::ReceiptApply,
+        Operation::Park,
+        Operation::Reconcile,
     ];
 
     /// The operation's label value in [`STORE_ERRORS`].
@@ -52,6 +62,9 @@ impl Operation {
             Operation::Fail => "fail",
             Operation::TakeLease => "take_lease",
             Operation::Backlog => "backlog",
+            Operation::ReceiptApply => "receipt_apply",
+            Operation::Park => "park",
+            Operation::Reconcile => "reconcile",
         }
     }
 
@@ -69,6 +82,9 @@ impl Operation {
             Operation::Fail => "herald_failure_record_duration_seconds",
             Operation::TakeLease => "herald_lease_record_duration_seconds",
             Operation::Backlog => "herald_backlog_query_duration_seconds",
+            Operation::ReceiptApply => "herald_receipt_mapping_duration_seconds",
+            Operation::Park => "herald_parking_write_duration_seconds",
+            Operation::Reconcile => "herald_reconcile_duration_seconds",
         }
     }
 
@@ -85,6 +101,11 @@ impl Operation {
             Operation::Fail => "Recording a permanent failure.",
             Operation::TakeLease => "Recording a partition's fencing epoch.",
             Operation::Backlog => "Backlog gauge query.",
+            Operation::ReceiptApply => {
+                "Applying a mapped receipt: status job DONE + the state event."
+            }
+            Operation::Park => "Parking unknown input with its raw body.",
+            Operation::Reconcile => "Marking silent messages UNKNOWN.",
         }
     }
 }
@@ -95,6 +116,10 @@ pub fn describe() {
         metrics::describe_histogram!(op.histogram(), metrics::Unit::Seconds, op.help());
     }
     metrics::describe_counter!(STORE_ERRORS, "Failed database operations, by operation.");
+    metrics::describe_counter!(
+        DEAD,
+        "Outbox rows that became DEAD, by stage (redrive, stale_claim, retry)."
+    );
 }
 
 /// Runs `fut`, recording its duration under `op` and counting it when it fails.

@@ -228,6 +228,154 @@ pub async fn redrive_orphaned(pool: &PgPool, fence: Fence) -> Result<u64, StoreE
     Ok(done.rows_affected())
 }
 
+/// Re-drives sends whose worker wrote CLAIMED and then never recorded an outcome within
+/// `stale_after` (it died before, during or after the provider call): the outbox row goes back
+/// to PENDING (or DEAD past `max_attempts`) with a RETRYING (or DEAD) event. The next attempt
+/// carries the same idempotency key, so a call the provider did take is not doubled.
+pub async fn redrive_stale_claims(
+    pool: &PgPool,
+    fence: Fence,
+    stale_after: Duration,
+    max_attempts: u32,
+) -> Result<Redriven, StoreError> {
+    let counts: Vec<(String, i64)> = measured(
+        Operation::Redrive,
+        sqlx::query_as(
+            "WITH stale AS (
+                 DELETE FROM in_flight_sends s
+                 WHERE s.partition = $1 AND s.claimed_at < now() - make_interval(secs => $3)
+                   AND EXISTS (SELECT 1 FROM partition_leases l
+                               WHERE l.partition = $1 AND l.epoch = $2)
+                 RETURNING s.message_id, s.outbox_id
+             ), moved AS (
+                 UPDATE outbox o
+                 SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
+                     claimed_at = NULL,
+                     last_error = 'stale CLAIMED: the worker recorded no outcome'
+                 FROM stale
+                 WHERE o.partition = $1 AND o.id = stale.outbox_id AND o.status = 'DONE'
+                   AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = stale.message_id)
+                 RETURNING o.id, o.message_id, o.status, o.attempts
+             ), events AS (
+                 INSERT INTO message_events (message_id, state, detail)
+                 SELECT message_id, CASE WHEN status = 'DEAD' THEN 'DEAD' ELSE 'RETRYING' END,
+                        jsonb_build_object('reason', 'stale CLAIMED: the worker recorded no outcome',
+                                           'attempt', attempts, 'outbox_id', id)
+                 FROM moved
+             )
+             SELECT status, count(*) FROM moved GROUP BY status",
+        )
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .bind(stale_after.as_secs_f64())
+        .bind(max_attempts as i32)
+        .fetch_all(pool),
+    )
+    .await?;
+    let mut redriven = Redriven::default();
+    for (status, count) in counts {
+        match status.as_str() {
+            "PENDING" => redriven.pending = count as u64,
+            _ => redriven.dead = count as u64,
+        }
+    }
+    Ok(redriven)
+}
+
+/// Returns a claimed or published job to PENDING, due after `backoff`, keeping its attempt
+/// count (a receipt whose message is not known yet waits for the send to be recorded).
+pub async fn defer_job(
+    pool: &PgPool,
+    partition: u32,
+    outbox_id: i64,
+    reason: &str,
+    backoff: Duration,
+) -> Result<bool, StoreError> {
+    let done = measured(
+        Operation::Retry,
+        sqlx::query(
+            "UPDATE outbox SET status = 'PENDING', claimed_at = NULL, last_error = $3,
+                               available_at = now() + make_interval(secs => $4)
+             WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')",
+        )
+        .bind(partition as i32)
+        .bind(outbox_id)
+        .bind(reason)
+        .bind(backoff.as_secs_f64())
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A DEAD outbox row, for operators.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct DeadRow {
+    pub id: i64,
+    pub partition: i32,
+    pub job_type: String,
+    pub message_id: Option<Uuid>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// DEAD rows, oldest first, at most `limit`.
+pub async fn list_dead(pool: &PgPool, limit: i64) -> Result<Vec<DeadRow>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, partition, job_type, message_id, attempts, last_error, created_at
+         FROM outbox WHERE status = 'DEAD' ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// DEAD rows in all.
+pub async fn count_dead(pool: &PgPool) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'DEAD'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// An operator's re-drive of a DEAD row: PENDING again with a fresh attempt budget, a
+/// RETRYING event on its message, and a wake-up for the partition's poller. Returns the row's
+/// partition, or `None` when no DEAD row has that id.
+pub async fn redrive_dead(pool: &PgPool, outbox_id: i64) -> Result<Option<u32>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(i32, Option<Uuid>, String)> = sqlx::query_as(
+        "UPDATE outbox SET status = 'PENDING', attempts = 0, available_at = now(),
+                           claimed_at = NULL, last_error = 'operator re-drive'
+         WHERE id = $1 AND status = 'DEAD'
+         RETURNING partition, message_id, job_type",
+    )
+    .bind(outbox_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((partition, message_id, job_type)) = row else {
+        return Ok(None);
+    };
+    if let (Some(message_id), "send") = (message_id, job_type.as_str()) {
+        sqlx::query(
+            "INSERT INTO message_events (message_id, state, detail)
+             VALUES ($1, 'RETRYING', jsonb_build_object('reason', 'operator re-drive', 'outbox_id', $2::bigint))",
+        )
+        .bind(message_id)
+        .bind(outbox_id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(crate::accept::OUTBOX_CHANNEL)
+        .bind(partition.to_string())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(partition as u32))
+}
+
 /// PENDING rows and the age of the oldest one, per partition that has any.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Backlog {

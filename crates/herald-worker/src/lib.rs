@@ -7,6 +7,7 @@
 pub mod metrics;
 pub mod provider;
 pub mod send;
+pub mod status;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,6 +10,12 @@ pub const RECLAIMED: &str = "herald_jobs_reclaimed_total";
 pub const READ_ERRORS: &str = "herald_queue_read_errors_total";
 /// Entries that could not be decoded into a job.
 pub const MALFORMED: &str = "herald_queue_malformed_entries_total";
+/// Receipts applied, by the state they set.
+pub const RECEIPT_STATES: &str = "herald_receipt_states_total";
+/// Input parked with its raw body, by job type.
+pub const PARKED: &str = "herald_parked_total";
+/// Messages marked UNKNOWN by reconciliation.
+pub const UNKNOWN: &str = "herald_unknown_total";
 pub const IN_FLIGHT: &str = "herald_worker_jobs_in_flight";
 pub const CONCURRENCY_LIMIT: &str = "herald_worker_concurrency_limit";
 
@@ -27,6 +33,15 @@ pub fn describe() {
     );
     metrics::describe_counter!(READ_ERRORS, "Failed reads of a job type's stream.");
     metrics::describe_counter!(MALFORMED, "Stream entries that are not a valid job.");
+    metrics::describe_counter!(RECEIPT_STATES, "Receipts applied, by the state they set.");
+    metrics::describe_counter!(
+        PARKED,
+        "Input parked with its raw body and reason, by job type."
+    );
+    metrics::describe_counter!(
+        UNKNOWN,
+        "Messages with no final receipt in the window, marked UNKNOWN."
+    );
     metrics::describe_gauge!(IN_FLIGHT, "Jobs being handled now, by job type.");
     metrics::describe_gauge!(
         CONCURRENCY_LIMIT,

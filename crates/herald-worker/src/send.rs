@@ -8,8 +8,8 @@ use herald_core::job::Job;
 use herald_core::{send_effect_key, JobType};
 use herald_queue::Delivery;
 use herald_store::effects::{
-    confirm_ownership, record_accepted, record_failed, schedule_retry, ProviderReceipt,
-    RetryOutcome,
+    confirm_ownership, recipient_of, record_accepted, record_failed, reject_before_claim,
+    schedule_retry, ProviderReceipt, RetryOutcome,
 };
 use herald_store::StoreError;
 use sqlx::PgPool;
@@ -29,6 +29,8 @@ pub struct SendSettings {
     pub retry_max: Duration,
     /// This worker's name in CLAIMED events.
     pub worker: String,
+    /// Recipients an internal check refuses: their messages end FAILED before any claim.
+    pub blocked_recipients: std::collections::HashSet<String>,
 }
 
 impl Default for SendSettings {
@@ -38,6 +40,7 @@ impl Default for SendSettings {
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
             worker: "worker".to_owned(),
+            blocked_recipients: Default::default(),
         }
     }
 }
@@ -80,6 +83,16 @@ impl Handler for SendHandler {
 impl SendHandler {
     #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition, message_id))]
     async fn send(&self, job: &Job, cancel: &CancellationToken) -> Result<(), StoreError> {
+        if let Some(reason) = self.internal_check(job).await? {
+            let rejected =
+                reject_before_claim(&self.pool, job.partition, job.outbox_id, &reason).await?;
+            outcome(if rejected {
+                "rejected_internal"
+            } else {
+                "stale_copy"
+            });
+            return Ok(());
+        }
         let Some(owned) = confirm_ownership(
             &self.pool,
             job.partition,
@@ -146,6 +159,8 @@ impl SendHandler {
                     RetryOutcome::Scheduled => outcome("retry"),
                     RetryOutcome::Dead => {
                         tracing::error!(%reason, attempt = job.attempt, "send is DEAD after its last attempt");
+                        ::metrics::counter!(herald_store::metrics::DEAD, "stage" => "retry")
+                            .increment(1);
                         outcome("dead")
                     }
                     RetryOutcome::NotOwned => outcome("retry_not_owned"),
@@ -153,6 +168,20 @@ impl SendHandler {
             }
         }
         Ok(())
+    }
+
+    /// The checks a message must pass before it may be claimed; `Some(reason)` refuses it.
+    async fn internal_check(&self, job: &Job) -> Result<Option<String>, StoreError> {
+        if self.settings.blocked_recipients.is_empty() {
+            return Ok(None);
+        }
+        let Some(message_id) = job.message_id else {
+            return Ok(None);
+        };
+        let recipient = recipient_of(&self.pool, message_id).await?;
+        Ok(recipient
+            .filter(|r| self.settings.blocked_recipients.contains(r))
+            .map(|r| format!("recipient {r} is blocked")))
     }
 
     fn backoff(&self, attempt: i32) -> Duration {

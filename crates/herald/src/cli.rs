@@ -135,6 +135,15 @@ pub struct QueueArgs {
     )]
     #[serde(serialize_with = "mask_passwords")]
     pub redis_send_url: Vec<String>,
+    /// Redis URLs of the `status` job type's queue store (delivery receipts), one per shard.
+    #[arg(
+        long,
+        env = "HERALD_REDIS_STATUS_URL",
+        value_delimiter = ',',
+        required = true
+    )]
+    #[serde(serialize_with = "mask_passwords")]
+    pub redis_status_url: Vec<String>,
     /// Connections to each queue store.
     #[arg(long, env = "HERALD_REDIS_MAX_CONNECTIONS", default_value_t = 16)]
     pub redis_max_connections: usize,
@@ -190,6 +199,11 @@ pub struct PollerArgs {
     /// Claims a row may use before it becomes DEAD.
     #[arg(long, env = "HERALD_MAX_ATTEMPTS", default_value_t = 10)]
     pub max_attempts: u32,
+    /// A send CLAIMED this long ago whose worker recorded no outcome is sent again (same
+    /// idempotency key). Keep it above the provider timeout.
+    #[arg(long, env = "HERALD_POLLER_STALE_CLAIM_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub stale_claim_after: Duration,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -219,9 +233,9 @@ pub struct WorkerArgs {
     /// This consumer's name in the stream's group (default: host name and process id).
     #[arg(long, env = "HERALD_WORKER_ID")]
     pub worker_id: Option<String>,
-    /// Base URL of the provider (the simulator, or a real gateway adapter).
+    /// send: base URL of the provider (the simulator, or a real gateway adapter).
     #[arg(long, env = "HERALD_PROVIDER_URL")]
-    pub provider_url: String,
+    pub provider_url: Option<String>,
     /// A provider call that takes longer is abandoned and retried with the same key.
     #[arg(long, env = "HERALD_PROVIDER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
@@ -237,6 +251,23 @@ pub struct WorkerArgs {
     #[arg(long, env = "HERALD_WORKER_RECLAIM_IDLE", default_value = "60s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub reclaim_idle: Duration,
+    /// send: recipients an internal check refuses (comma-separated); their messages end FAILED
+    /// with the reason and are never claimed.
+    #[arg(long, env = "HERALD_BLOCKED_RECIPIENTS", value_delimiter = ',')]
+    pub blocked_recipients: Vec<String>,
+    /// status: extra provider statuses, as FROM=TO with TO in the known vocabulary (DELIVRD,
+    /// UNDELIV, EXPIRED, ENROUTE, ACCEPTD, REJECTD, DELETED); comma-separated.
+    #[arg(long, env = "HERALD_STATUS_ALIASES", value_delimiter = ',', value_parser = parse_alias)]
+    #[serde(serialize_with = "aliases")]
+    pub status_alias: Vec<(String, String)>,
+    /// status: an accepted message with no final receipt after this becomes UNKNOWN.
+    #[arg(long, env = "HERALD_RECEIPT_WINDOW", default_value = "1h", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub receipt_window: Duration,
+    /// status: how often silent messages are looked for.
+    #[arg(long, env = "HERALD_RECONCILE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub reconcile_interval: Duration,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -282,6 +313,35 @@ pub struct SimArgs {
         default_value = "provider-sim-submits.jsonl"
     )]
     pub log_path: PathBuf,
+    /// Herald API base URL to post delivery receipts to (none: no receipts).
+    #[arg(long, env = "HERALD_SIM_CALLBACK_URL")]
+    pub callback_url: Option<String>,
+    /// Bearer token for the receipt callback.
+    #[arg(long, env = "HERALD_SIM_CALLBACK_TOKEN", hide_env_values = true)]
+    #[serde(skip)]
+    pub callback_token: Option<String>,
+    /// Wait before each receipt.
+    #[arg(long, env = "HERALD_SIM_RECEIPT_DELAY", default_value = "50ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub receipt_delay: Duration,
+    /// Share of submits with an intermediate ENROUTE receipt before the final one.
+    #[arg(long, env = "HERALD_SIM_ENROUTE_RATE", default_value_t = 0.5)]
+    pub enroute_rate: f64,
+    /// Share of submits that get ENROUTE and never a final receipt (a silent gateway).
+    #[arg(long, env = "HERALD_SIM_SILENT_RATE", default_value_t = 0.0)]
+    pub silent_rate: f64,
+    /// Share of final receipts with a status outside the known vocabulary.
+    #[arg(long, env = "HERALD_SIM_UNKNOWN_STATUS_RATE", default_value_t = 0.0)]
+    pub unknown_status_rate: f64,
+    /// Share of receipts with a malformed timestamp.
+    #[arg(long, env = "HERALD_SIM_BAD_TIMESTAMP_RATE", default_value_t = 0.0)]
+    pub bad_timestamp_rate: f64,
+    /// Share of final receipts that say UNDELIV.
+    #[arg(long, env = "HERALD_SIM_UNDELIVERED_RATE", default_value_t = 0.0)]
+    pub undelivered_rate: f64,
+    /// Share of final receipts that say EXPIRED.
+    #[arg(long, env = "HERALD_SIM_EXPIRED_RATE", default_value_t = 0.0)]
+    pub expired_rate: f64,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -330,13 +390,28 @@ pub struct DevArgs {
 }
 
 fn parse_job_type(value: &str) -> Result<JobType, String> {
-    match value.parse::<JobType>() {
-        Ok(JobType::Send) => Ok(JobType::Send),
-        Ok(other) => Err(format!(
-            "job type {other} has no handler yet (delivery receipts are not built); use send"
-        )),
-        Err(err) => Err(err.to_string()),
+    value.parse::<JobType>().map_err(|err| err.to_string())
+}
+
+fn parse_alias(value: &str) -> Result<(String, String), String> {
+    let (from, to) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not FROM=TO"))?;
+    let (from, to) = (
+        from.trim().to_ascii_uppercase(),
+        to.trim().to_ascii_uppercase(),
+    );
+    if from.is_empty() || herald_core::receipt::known_status(&to).is_none() {
+        return Err(format!("{value:?}: TO must be a known status (DELIVRD, UNDELIV, EXPIRED, ENROUTE, ACCEPTD, REJECTD, DELETED)"));
     }
+    Ok((from, to))
+}
+
+fn aliases<S: serde::Serializer>(
+    aliases: &[(String, String)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(aliases.iter().map(|(from, to)| format!("{from}={to}")))
 }
 
 /// Prints `args` as JSON when `--print-config` was given; returns whether it did.

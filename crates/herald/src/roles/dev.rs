@@ -6,14 +6,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use herald_api::wire::{BatchItem, BatchRequest, BatchResponse, SendRequest};
-use herald_core::JobType;
 use herald_testkit::{LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{
-    ApiArgs, CommonArgs, DatabaseArgs, DevArgs, LogFormat, PollerArgs, QueueArgs, SimArgs,
-    WorkerArgs,
-};
+use clap::Parser;
+
+use crate::cli::{Cli, Command, DevArgs, LogFormat};
 use crate::telemetry;
 
 pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
@@ -34,90 +32,147 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         },
     )
     .await?;
-    let redis = LocalRedis::start_in(&dir.join("redis-send"), &RedisOptions::default()).await?;
+    let send_redis =
+        LocalRedis::start_in(&dir.join("redis-send"), &RedisOptions::default()).await?;
+    let status_redis =
+        LocalRedis::start_in(&dir.join("redis-status"), &RedisOptions::default()).await?;
     let etcd = LocalEtcd::start_in(&dir.join("etcd")).await?;
     let database_url = pg.create_database("herald").await?;
     println!(
-        "PostgreSQL {}  Redis {}  etcd {}",
+        "PostgreSQL {}  Redis send {} status {}  etcd {}",
         crate::cli::masked_url(&database_url),
-        redis.url(),
+        send_redis.url(),
+        status_redis.url(),
         etcd.endpoint()
     );
 
-    super::migrate::run(crate::cli::MigrateArgs {
-        database: database(&database_url, 2),
-        partitions: args.partitions,
-        common: common(),
-    })
-    .await?;
+    let Command::Migrate(migrate) = parse(&[
+        &[
+            "migrate",
+            "--database-url",
+            &database_url,
+            "--log-format",
+            "pretty",
+        ],
+        &["--partitions", &args.partitions.to_string()],
+    ])?
+    else {
+        unreachable!("parsed migrate")
+    };
+    super::migrate::run(migrate).await?;
 
     let cancel = CancellationToken::new();
     let api_addr = api_address(args.api_port)?;
     let sim_addr = free_address()?;
     let poller_admin = free_address()?;
-    let worker_admin = free_address()?;
-    let mut roles = tokio::task::JoinSet::new();
-    roles.spawn(super::sim::run(sim_args(sim_addr, &dir), cancel.clone()));
-    roles.spawn(super::api::run(
-        ApiArgs {
-            database: database(&database_url, 32),
-            listen: api_addr,
-            max_body_bytes: 256 * 1024,
-            max_batch: 1000,
-            api_keys: Vec::new(),
-            common: common(),
-        },
-        cancel.clone(),
-    ));
-    roles.spawn(super::poller::run(
-        PollerArgs {
-            database: database(&database_url, 24),
-            queue: QueueArgs {
-                redis_send_url: vec![redis.url()],
-                redis_max_connections: 16,
-            },
-            admin_listen: poller_admin,
-            poller_id: Some("dev-poller".to_owned()),
-            etcd_endpoints: vec![etcd.endpoint()],
-            etcd_prefix: "/herald".to_owned(),
-            lease_ttl: Duration::from_secs(10),
-            drain_timeout: Duration::from_secs(10),
-            batch_size: 500,
-            max_batches_per_tick: 20,
-            poll_interval: Duration::from_millis(200),
-            redrive_interval: Duration::from_secs(5),
-            stale_after: Duration::from_secs(120),
-            max_attempts: 10,
-            common: common(),
-        },
-        cancel.clone(),
-    ));
-    roles.spawn(super::worker::run(
-        WorkerArgs {
-            database: database(&database_url, 32),
-            job_type: JobType::Send,
-            redis_url: vec![redis.url()],
-            redis_max_connections: 16,
-            admin_listen: worker_admin,
-            concurrency: 128,
-            worker_id: Some("dev-worker".to_owned()),
-            provider_url: format!("http://{sim_addr}"),
-            provider_timeout: Duration::from_secs(10),
-            max_attempts: 10,
-            retry_base: Duration::from_millis(500),
-            reclaim_idle: Duration::from_secs(60),
-            common: common(),
-        },
-        cancel.clone(),
-    ));
-
+    let send_admin = free_address()?;
+    let status_admin = free_address()?;
     let api = format!("http://{api_addr}");
+    let sim = format!("http://{sim_addr}");
+    let common = ["--log-format", "pretty"];
+    let mut roles = tokio::task::JoinSet::new();
+
+    let sim_log = dir.join("provider-sim-submits.jsonl");
+    let Command::ProviderSim(sim_args) = parse(&[
+        &["provider-sim", "--listen", &sim_addr.to_string()],
+        &["--log-path", path(&sim_log)?, "--callback-url", &api],
+        &common[..],
+    ])?
+    else {
+        unreachable!("parsed provider-sim")
+    };
+    roles.spawn(super::sim::run(sim_args, cancel.clone()));
+
+    let Command::Api(api_args) = parse(&[
+        &[
+            "api",
+            "--listen",
+            &api_addr.to_string(),
+            "--database-url",
+            &database_url,
+        ],
+        &["--database-max-connections", "32"],
+        &common[..],
+    ])?
+    else {
+        unreachable!("parsed api")
+    };
+    roles.spawn(super::api::run(api_args, cancel.clone()));
+
+    let Command::Poller(poller_args) = parse(&[
+        &[
+            "poller",
+            "--database-url",
+            &database_url,
+            "--poller-id",
+            "dev-poller",
+        ],
+        &[
+            "--admin-listen",
+            &poller_admin.to_string(),
+            "--poll-interval",
+            "200ms",
+        ],
+        &[
+            "--redis-send-url",
+            &send_redis.url(),
+            "--redis-status-url",
+            &status_redis.url(),
+        ],
+        &[
+            "--etcd-endpoints",
+            &etcd.endpoint(),
+            "--database-max-connections",
+            "24",
+        ],
+        &common[..],
+    ])?
+    else {
+        unreachable!("parsed poller")
+    };
+    roles.spawn(super::poller::run(poller_args, cancel.clone()));
+
+    for (job_type, redis, admin) in [
+        ("send", &send_redis, send_admin),
+        ("status", &status_redis, status_admin),
+    ] {
+        let Command::Worker(worker_args) = parse(&[
+            &[
+                "worker",
+                "--job-type",
+                job_type,
+                "--database-url",
+                &database_url,
+            ],
+            &[
+                "--redis-url",
+                &redis.url(),
+                "--admin-listen",
+                &admin.to_string(),
+            ],
+            &[
+                "--provider-url",
+                &sim,
+                "--concurrency",
+                "128",
+                "--database-max-connections",
+                "32",
+            ],
+            &["--worker-id", &format!("dev-{job_type}-worker")],
+            &common[..],
+        ])?
+        else {
+            unreachable!("parsed worker")
+        };
+        roles.spawn(super::worker::run(worker_args, cancel.clone()));
+    }
+
     wait_healthy(&api, &mut roles).await?;
-    println!("API {api}  provider simulator http://{sim_addr}  poller admin http://{poller_admin}  worker admin http://{worker_admin}");
+    println!("API {api}  provider simulator {sim}  poller admin http://{poller_admin}  send worker admin http://{send_admin}  status worker admin http://{status_admin}");
 
     let mut code = 0;
     if args.messages > 0 {
-        code = demo(&args, &api, &database_url, &format!("http://{sim_addr}")).await?;
+        code = demo(&args, &api, &database_url, &sim).await?;
     }
     if args.keep_running {
         println!("every role keeps running; try:\n  curl -s -X POST {api}/v1/messages -H 'content-type: application/json' -d '{{\"recipient\":\"+15550100\",\"body\":{{\"text\":\"hi\"}}}}'\nCtrl-C stops.");
@@ -130,7 +185,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
             tracing::warn!(error = format!("{err:#}"), "a role stopped with an error");
         }
     }
-    drop((pg, redis, etcd));
+    drop((pg, send_redis, status_redis, etcd));
     Ok(code)
 }
 
@@ -272,18 +327,16 @@ async fn wait_healthy(
     }
 }
 
-fn database(url: &str, max_connections: u32) -> DatabaseArgs {
-    DatabaseArgs {
-        database_url: url.to_owned(),
-        database_max_connections: max_connections,
-    }
+/// Role arguments parsed exactly as the command line would be, so `herald dev` runs every role
+/// with the same defaults and validation as production.
+fn parse(parts: &[&[&str]]) -> anyhow::Result<Command> {
+    let argv = std::iter::once("herald").chain(parts.iter().flat_map(|p| p.iter().copied()));
+    Ok(Cli::try_parse_from(argv)?.command)
 }
 
-fn common() -> CommonArgs {
-    CommonArgs {
-        log_format: LogFormat::Pretty,
-        print_config: false,
-    }
+fn path(path: &std::path::Path) -> anyhow::Result<&str> {
+    path.to_str()
+        .ok_or_else(|| anyhow::anyhow!("non-UTF-8 path {}", path.display()))
 }
 
 fn free_address() -> anyhow::Result<SocketAddr> {
@@ -302,20 +355,4 @@ fn api_address(port: u16) -> anyhow::Result<SocketAddr> {
     let fallback = free_address()?;
     println!("port {port} is taken; the API listens on {fallback} instead");
     Ok(fallback)
-}
-
-/// The simulator's arguments for `herald dev`: no injected faults, its log under `dir`.
-pub fn sim_args(listen: SocketAddr, dir: &std::path::Path) -> SimArgs {
-    SimArgs {
-        listen,
-        gateways: vec!["gw-a".to_owned(), "gw-b".to_owned()],
-        id_wrap: 65_535,
-        latency: Duration::ZERO,
-        jitter: Duration::ZERO,
-        error_rate: 0.0,
-        timeout_rate: 0.0,
-        timeout_delay: Duration::from_secs(30),
-        log_path: dir.join("provider-sim-submits.jsonl"),
-        common: common(),
-    }
 }

@@ -39,9 +39,17 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         JobType::Send,
         args.queue.redis_max_connections,
     )?;
+    let status_stores = super::queue_stores(
+        &args.queue.redis_status_url,
+        JobType::Status,
+        args.queue.redis_max_connections,
+    )?;
     let admin = telemetry::admin_router(
         metrics,
-        super::database_and_queue_ready(pool.clone(), send_stores.clone()),
+        super::database_and_queue_ready(
+            pool.clone(),
+            send_stores.iter().chain(&status_stores).cloned().collect(),
+        ),
     );
     let admin_cancel = CancellationToken::new();
     let admin_task = tokio::spawn(telemetry::serve(
@@ -56,7 +64,10 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         .unwrap_or_else(|| process_name("poller"));
     let poller = Poller::new(
         pool.clone(),
-        HashMap::from([(JobType::Send, send_stores)]),
+        HashMap::from([
+            (JobType::Send, send_stores),
+            (JobType::Status, status_stores),
+        ]),
         PollerSettings {
             batch_size: args.batch_size,
             max_batches_per_tick: args.max_batches_per_tick,
@@ -64,6 +75,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
             redrive_interval: args.redrive_interval,
             stale_after: args.stale_after,
             max_attempts: args.max_attempts,
+            stale_claim_after: args.stale_claim_after,
             ..PollerSettings::default()
         },
     );

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use herald_provider_sim::SimSettings;
+use herald_provider_sim::{ReceiptRates, SimSettings};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{print_config, ConfigError, SimArgs};
@@ -33,6 +33,17 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
         timeout_rate: args.timeout_rate,
         timeout_delay: args.timeout_delay,
         log_path: args.log_path.clone(),
+        callback_url: args.callback_url.clone(),
+        callback_token: args.callback_token.clone(),
+        receipts: ReceiptRates {
+            delay: args.receipt_delay,
+            enroute_rate: args.enroute_rate,
+            silent_rate: args.silent_rate,
+            unknown_status_rate: args.unknown_status_rate,
+            bad_timestamp_rate: args.bad_timestamp_rate,
+            undelivered_rate: args.undelivered_rate,
+            expired_rate: args.expired_rate,
+        },
     };
     let router =
         herald_provider_sim::router(settings).map_err(|err| ConfigError(err.to_string()))?;

@@ -1,9 +1,12 @@
 //! `herald worker`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use herald_core::JobType;
 use herald_worker::provider::ProviderClient;
 use herald_worker::send::{SendHandler, SendSettings};
+use herald_worker::status::{reconcile_silent, StatusHandler, StatusSettings};
 use herald_worker::WorkerSettings;
 use tokio_util::sync::CancellationToken;
 
@@ -25,11 +28,19 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
             ConfigError("--concurrency and --max-attempts must be at least 1".into()).into(),
         );
     }
+    let provider = match (args.job_type, &args.provider_url) {
+        (JobType::Send, None) => {
+            return Err(ConfigError("--provider-url is required for --job-type send".into()).into())
+        }
+        (JobType::Send, Some(url)) => Some(
+            ProviderClient::new(url, args.provider_timeout)
+                .map_err(|err| ConfigError(format!("--provider-url: {err}")))?,
+        ),
+        (JobType::Status, _) => None,
+    };
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
     let stores = super::queue_stores(&args.redis_url, args.job_type, args.redis_max_connections)?;
-    let provider = ProviderClient::new(&args.provider_url, args.provider_timeout)
-        .map_err(|err| ConfigError(format!("--provider-url: {err}")))?;
     let admin = telemetry::admin_router(
         metrics,
         super::database_and_queue_ready(pool.clone(), stores.clone()),
@@ -45,29 +56,51 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         .worker_id
         .clone()
         .unwrap_or_else(|| process_name("worker"));
-    let handler = Arc::new(SendHandler {
-        pool,
-        provider,
-        settings: SendSettings {
-            max_attempts: args.max_attempts,
-            retry_base: args.retry_base,
-            worker: consumer.clone(),
-            ..SendSettings::default()
-        },
-    });
-    tracing::info!(job_type = %args.job_type, %consumer, concurrency = args.concurrency, "worker started");
-    herald_worker::run(
-        stores,
-        handler,
-        WorkerSettings {
-            consumer,
-            concurrency: args.concurrency,
-            reclaim_idle: args.reclaim_idle,
-            ..WorkerSettings::default()
-        },
-        cancel,
-    )
-    .await;
+    let settings = WorkerSettings {
+        consumer: consumer.clone(),
+        concurrency: args.concurrency,
+        reclaim_idle: args.reclaim_idle,
+        ..WorkerSettings::default()
+    };
+    tracing::info!(job_type = %args.job_type, %consumer, concurrency = args.concurrency, shards = stores.len(), "worker started");
+    match provider {
+        Some(provider) => {
+            let handler = Arc::new(SendHandler {
+                pool,
+                provider,
+                settings: SendSettings {
+                    max_attempts: args.max_attempts,
+                    retry_base: args.retry_base,
+                    worker: consumer,
+                    blocked_recipients: args
+                        .blocked_recipients
+                        .iter()
+                        .map(|r| r.trim().to_owned())
+                        .collect(),
+                    ..SendSettings::default()
+                },
+            });
+            herald_worker::run(stores, handler, settings, cancel).await;
+        }
+        None => {
+            let reconciler = tokio::spawn(reconcile_silent(
+                pool.clone(),
+                args.receipt_window,
+                args.reconcile_interval,
+                cancel.clone(),
+            ));
+            let handler = Arc::new(StatusHandler {
+                pool,
+                settings: StatusSettings {
+                    aliases: args.status_alias.iter().cloned().collect::<HashMap<_, _>>(),
+                    max_attempts: args.max_attempts,
+                    ..StatusSettings::default()
+                },
+            });
+            herald_worker::run(stores, handler, settings, cancel).await;
+            let _ = reconciler.await;
+        }
+    }
     admin_cancel.cancel();
     let _ = admin_task.await;
     tracing::info!("worker stopped");

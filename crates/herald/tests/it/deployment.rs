@@ -1,11 +1,14 @@
 //! A local deployment: servers from the test kit, roles as processes of the built binary.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use herald_testkit::{free_port, LocalEtcd, LocalPostgres, LocalRedis, RoleProcess};
 use serde_json::{json, Value};
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 pub const HERALD: &str = env!("CARGO_BIN_EXE_herald");
 
@@ -15,8 +18,10 @@ pub struct Options {
     pub partitions: u32,
     /// Extra `herald provider-sim` flags.
     pub sim_flags: Vec<String>,
-    /// Extra `herald worker` flags.
+    /// Extra `herald worker --job-type send` flags.
     pub worker_flags: Vec<String>,
+    /// Extra `herald worker --job-type status` flags.
+    pub status_worker_flags: Vec<String>,
     /// Extra `herald poller` flags.
     pub poller_flags: Vec<String>,
     /// How many pollers; with `fleet` they share the partitions through etcd.
@@ -32,6 +37,7 @@ impl Default for Options {
             partitions: 16,
             sim_flags: Vec::new(),
             worker_flags: Vec::new(),
+            status_worker_flags: Vec::new(),
             poller_flags: Vec::new(),
             pollers: 1,
             fleet: false,
@@ -52,6 +58,9 @@ pub struct Deployment {
     pub sim_url: String,
     pub poller_admins: Vec<String>,
     pub worker_admin: String,
+    pub status_worker_admin: String,
+    /// The status job type's queue store.
+    pub status_redis: LocalRedis,
     pub roles: Vec<RoleProcess>,
     pub client: reqwest::Client,
     pub logs: tempfile::TempDir,
@@ -59,14 +68,16 @@ pub struct Deployment {
 
 impl Deployment {
     pub async fn start(options: Options) -> Self {
-        let (pg, redis, etcd) = tokio::join!(
+        let (pg, redis, status_redis, etcd) = tokio::join!(
             LocalPostgres::start(),
+            LocalRedis::start(),
             LocalRedis::start(),
             LocalEtcd::start()
         );
-        let (pg, redis, etcd) = (
+        let (pg, redis, status_redis, etcd) = (
             pg.expect("postgres"),
             redis.expect("redis"),
+            status_redis.expect("redis"),
             etcd.expect("etcd"),
         );
         let database_url = pg.create_database("herald").await.expect("database");
@@ -87,7 +98,7 @@ impl Deployment {
             .tempdir()
             .unwrap();
         let port = || free_port().unwrap();
-        let (api_port, sim_port, worker_port) = (port(), port(), port());
+        let (api_port, sim_port, worker_port, status_port) = (port(), port(), port(), port());
         let poller_ports: Vec<u16> = (0..options.pollers).map(|_| port()).collect();
         let mut deployment = Self {
             api_url: format!("http://127.0.0.1:{api_port}"),
@@ -97,6 +108,8 @@ impl Deployment {
                 .map(|p| format!("http://127.0.0.1:{p}"))
                 .collect(),
             worker_admin: format!("http://127.0.0.1:{worker_port}"),
+            status_worker_admin: format!("http://127.0.0.1:{status_port}"),
+            status_redis,
             pg,
             redis,
             more_redis: Vec::new(),
@@ -120,6 +133,8 @@ impl Deployment {
             &format!("127.0.0.1:{sim_port}"),
             "--log-path",
             sim_log.to_str().unwrap(),
+            "--callback-url",
+            &format!("http://127.0.0.1:{api_port}"),
         ]);
         sim.extend(options.sim_flags.iter().cloned());
         deployment
@@ -144,6 +159,8 @@ impl Deployment {
                 &format!("127.0.0.1:{poller_port}"),
                 "--redis-send-url",
                 &send_urls,
+                "--redis-status-url",
+                &deployment.status_redis.url(),
                 "--poll-interval",
                 "100ms",
             ]);
@@ -175,6 +192,20 @@ impl Deployment {
                 worker,
                 format!("{}/healthz", deployment.worker_admin),
             )
+            .await;
+        let mut status_worker = args(&[
+            "worker",
+            "--job-type",
+            "status",
+            "--admin-listen",
+            &format!("127.0.0.1:{status_port}"),
+            "--redis-url",
+            &deployment.status_redis.url(),
+        ]);
+        status_worker.extend(options.status_worker_flags.iter().cloned());
+        let health = format!("{}/healthz", deployment.status_worker_admin);
+        deployment
+            .spawn("status-worker", status_worker, health)
             .await;
         deployment
     }
@@ -274,6 +305,106 @@ impl Deployment {
         }
     }
 
+    /// GET a JSON document from the API.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get_json_from(&self.api_url, path).await
+    }
+
+    /// GET a JSON document from any role.
+    pub async fn get_json_from(&self, base: &str, path: &str) -> Value {
+        self.client
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Changes the simulator's injected error and timeout rates.
+    pub async fn set_faults(&self, error_rate: f64, timeout_rate: f64) {
+        let response = self
+            .client
+            .put(format!("{}/v1/faults", self.sim_url))
+            .json(&json!({"error_rate": error_rate, "timeout_rate": timeout_rate}))
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success());
+    }
+
+    /// The sum of every series of `name` (any labels) on a role's /metrics.
+    pub async fn metric(&self, admin: &str, name: &str) -> f64 {
+        let text = self.metrics(admin).await;
+        text.lines()
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// A message's history: (state, detail), oldest first.
+    pub async fn history(&self, id: &str) -> Vec<(String, Value)> {
+        sqlx::query_as::<_, (String, sqlx::types::Json<Value>)>(
+            "SELECT state, detail FROM message_events WHERE message_id = $1::uuid ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(state, detail)| (state, detail.0))
+        .collect()
+    }
+
+    /// How often the provider saw each idempotency key.
+    pub async fn provider_submits(&self) -> std::collections::HashMap<String, u64> {
+        let text = self
+            .client
+            .get(format!("{}/v1/submits", self.sim_url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .map(|line| {
+                let (key, n) = line.rsplit_once(' ').unwrap();
+                (key.to_owned(), n.parse().unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until `count_sql` (a `SELECT count(*)`) reaches `count`.
+    pub async fn wait_for(&self, count_sql: &str, count: i64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now: i64 = sqlx::query_scalar(count_sql)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+            if now >= count {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .roles
+                    .iter()
+                    .map(|r| format!("--- {} ---\n{}", r.name(), r.log_tail(3000)))
+                    .collect();
+                panic!(
+                    "{count_sql}: {now} of {count} after {timeout:?}\n{}",
+                    logs.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Runs `herald verify`; returns its exit code and output.
     pub async fn verify(&self) -> (i32, String) {
         let out = tokio::process::Command::new(HERALD)
@@ -307,4 +438,104 @@ impl Deployment {
 
 pub fn args(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
+}
+
+/// A steady open load of small batches until stopped. Every request must be answered 202.
+pub struct Load {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Load {
+    pub fn start(herald: &Deployment, batch: usize, every: Duration) -> Self {
+        let stop = CancellationToken::new();
+        let (client, api, cancel) = (herald.client.clone(), herald.api_url.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut sent = 0;
+            let mut tick = tokio::time::interval(every);
+            while !cancel.is_cancelled() {
+                tick.tick().await;
+                let messages: Vec<_> = (0..batch)
+                    .map(
+                        |i| json!({"recipient": format!("r{}", sent + i), "body": {"n": sent + i}}),
+                    )
+                    .collect();
+                let response = client
+                    .post(format!("{api}/v1/messages/batch"))
+                    .json(&json!({ "messages": messages }))
+                    .send()
+                    .await
+                    .expect("API reachable");
+                assert_eq!(response.status(), 202, "the API keeps accepting");
+                sent += batch;
+            }
+            sent
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the load; returns how many messages were accepted.
+    pub async fn finish(self) -> usize {
+        self.stop.cancel();
+        self.task.await.unwrap()
+    }
+}
+
+/// A load that tolerates failed requests (the API is being killed) and keeps the id of every
+/// message that was answered 202, one request per message.
+pub struct KeptIds {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<(Vec<String>, usize)>,
+}
+
+impl KeptIds {
+    pub fn start(herald: &Deployment, in_flight: usize) -> Self {
+        let stop = CancellationToken::new();
+        let (client, api, cancel) = (herald.client.clone(), herald.api_url.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let kept = Arc::new(Mutex::new(Vec::new()));
+            let failed = Arc::new(AtomicUsize::new(0));
+            let mut senders = tokio::task::JoinSet::new();
+            for lane in 0..in_flight {
+                let (client, api, cancel) = (client.clone(), api.clone(), cancel.clone());
+                let (kept, failed) = (kept.clone(), failed.clone());
+                senders.spawn(async move {
+                    let mut n = 0;
+                    while !cancel.is_cancelled() {
+                        n += 1;
+                        let body =
+                            json!({"recipient": format!("lane{lane}-{n}"), "body": {"n": n}});
+                        let answer = client
+                            .post(format!("{api}/v1/messages"))
+                            .timeout(Duration::from_secs(5))
+                            .json(&body)
+                            .send()
+                            .await;
+                        match answer {
+                            Ok(response) if response.status() == 202 => {
+                                let value: Value = response.json().await.unwrap();
+                                kept.lock()
+                                    .unwrap()
+                                    .push(value["id"].as_str().unwrap().to_owned());
+                            }
+                            _ => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                    }
+                });
+            }
+            while senders.join_next().await.is_some() {}
+            let ids = kept.lock().unwrap().clone();
+            (ids, failed.load(Ordering::Relaxed))
+        });
+        Self { stop, task }
+    }
+
+    /// Stops; returns the ids answered 202 and how many requests failed.
+    pub async fn finish(self) -> (Vec<String>, usize) {
+        self.stop.cancel();
+        self.task.await.unwrap()
+    }
 }

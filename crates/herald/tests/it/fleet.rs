@@ -7,10 +7,9 @@ use std::time::{Duration, Instant};
 
 use herald_coord::{Coordinator, Ownership};
 use herald_core::{assignment::assign, PartitionCount};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::deployment::args;
+use crate::deployment::{args, Load};
 use crate::{Deployment, Options};
 
 const P: u32 = 64;
@@ -64,46 +63,6 @@ fn count_by_owner(owners: &BTreeMap<u32, Ownership>) -> BTreeMap<String, usize> 
         *counts.entry(o.owner.clone()).or_insert(0) += 1;
     }
     counts
-}
-
-/// A steady open load of small batches until stopped; keeps every accepted id.
-struct Load {
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<usize>,
-}
-
-impl Load {
-    fn start(herald: &Deployment, batch: usize, every: Duration) -> Self {
-        let stop = CancellationToken::new();
-        let (client, api, cancel) = (herald.client.clone(), herald.api_url.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut sent = 0;
-            let mut tick = tokio::time::interval(every);
-            while !cancel.is_cancelled() {
-                tick.tick().await;
-                let messages: Vec<_> = (0..batch)
-                    .map(
-                        |i| json!({"recipient": format!("r{}", sent + i), "body": {"n": sent + i}}),
-                    )
-                    .collect();
-                let response = client
-                    .post(format!("{api}/v1/messages/batch"))
-                    .json(&json!({ "messages": messages }))
-                    .send()
-                    .await
-                    .expect("API reachable");
-                assert_eq!(response.status(), 202, "the API keeps accepting");
-                sent += batch;
-            }
-            sent
-        });
-        Self { stop, task }
-    }
-
-    async fn finish(self) -> usize {
-        self.stop.cancel();
-        self.task.await.unwrap()
-    }
 }
 
 /// Watches the ownership keys from outside and records every handoff gap: the time from a
@@ -222,6 +181,8 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
         &format!("127.0.0.1:{port}"),
         "--redis-send-url",
         &herald.redis.url(),
+        "--redis-status-url",
+        &herald.status_redis.url(),
         "--etcd-endpoints",
         &herald.etcd.endpoint(),
         "--poll-interval",
@@ -337,7 +298,19 @@ async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins(
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     herald.role("poller-1").pause().unwrap();
-    wait_stable(&coord, &["poller-0"], Duration::from_secs(10)).await;
+    let new_owners = wait_stable(&coord, &["poller-0"], Duration::from_secs(10)).await;
+    // The takeover is complete when PostgreSQL holds the new epochs (etcd comes first): until
+    // then the old owner's fence is still the recorded one.
+    let new_epochs: Vec<i64> = new_owners.values().map(|o| o.epoch).collect();
+    herald
+        .wait_for(
+            &format!(
+                "SELECT count(*) FROM partition_leases WHERE epoch = ANY(ARRAY{new_epochs:?}::bigint[])"
+            ),
+            P as i64,
+            Duration::from_secs(10),
+        )
+        .await;
     let taken_over: chrono_free::Now = chrono_free::now(&herald.pool).await;
     herald.role("poller-1").resume().unwrap();
     // It rejoins: both members again, poller-1 with new epochs.

@@ -5,5 +5,6 @@ mod cli;
 mod deployment;
 mod fleet;
 mod pipeline;
+mod rules;
 
 pub use deployment::{Deployment, Options};

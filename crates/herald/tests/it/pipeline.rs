@@ -11,8 +11,16 @@ async fn ten_thousand_messages_are_each_accepted_once() {
     herald
         .wait_delivered(10_000, Duration::from_secs(240))
         .await;
+    // The simulator's receipts follow: every message ends DELIVERED.
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_current_state WHERE state = 'DELIVERED'",
+            10_000,
+            Duration::from_secs(120),
+        )
+        .await;
 
-    // Exactly one ledger row per accepted id, and every one ACCEPTED.
+    // Exactly one ledger row per accepted id, and every one DELIVERED.
     let rows: Vec<(String, i64, String)> = sqlx::query_as(
         "SELECT m.id::text, (SELECT count(*) FROM ledger l WHERE l.message_id = m.id), s.state
          FROM messages m JOIN message_current_state s ON s.message_id = m.id",
@@ -28,7 +36,7 @@ async fn ten_thousand_messages_are_each_accepted_once() {
     for id in &ids {
         let (ledger_rows, state) = &by_id[id];
         assert_eq!(*ledger_rows, 1, "{id}");
-        assert_eq!(state, "ACCEPTED", "{id}");
+        assert_eq!(state, "DELIVERED", "{id}");
     }
 
     // Every ledger key was submitted to the provider at least once.
@@ -60,10 +68,12 @@ async fn ten_thousand_messages_are_each_accepted_once() {
     }
 
     // The outbox is all DONE, nothing deleted.
-    let done: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'DONE'")
-        .fetch_one(&herald.pool)
-        .await
-        .unwrap();
+    let done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE status = 'DONE' AND job_type = 'send'",
+    )
+    .fetch_one(&herald.pool)
+    .await
+    .unwrap();
     assert_eq!(done, 10_000);
 
     let (code, report) = herald.verify().await;
@@ -223,11 +233,12 @@ async fn partitions_publish_to_their_shard_and_workers_read_every_shard() {
     assert_eq!(code, 0, "{report}");
 
     // Each shard's stream saw exactly the jobs of its partitions (p mod 2), and kept none.
-    let by_shard: Vec<(i32, i64)> =
-        sqlx::query_as("SELECT partition % 2, count(*) FROM outbox GROUP BY 1 ORDER BY 1")
-            .fetch_all(&herald.pool)
-            .await
-            .unwrap();
+    let by_shard: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT partition % 2, count(*) FROM outbox WHERE job_type = 'send' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&herald.pool)
+    .await
+    .unwrap();
     for (shard, url) in herald.send_urls().iter().enumerate() {
         let client = redis::Client::open(url.as_str()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();

@@ -1,0 +1,217 @@
+//! Provider receipts in, and the operator's views: DEAD rows and parked input, each with its
+//! way back (re-drive, replay).
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use herald_core::{partition_of, PartitionCount};
+use herald_store::receipts::Replay;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::metrics::{RECEIPTS, REJECTED};
+use crate::problem::Problem;
+use crate::ApiState;
+
+/// Receipts of one message must stay in order, so they are routed by gateway and provider id
+/// when the body reveals it, by gateway alone otherwise (the body is stored as it came).
+pub fn receipt_partition(gateway: &str, raw: &[u8], partitions: PartitionCount) -> u32 {
+    let id = herald_core::receipt::routing_id(raw).unwrap_or_default();
+    partition_of(&format!("{gateway}:{id}"), partitions)
+}
+
+/// `POST /v1/providers/{gateway}/receipts`: stores the body byte for byte with a `status` job
+/// and answers 202 only after the commit. Nothing is mapped or dropped here.
+pub(crate) async fn accept_receipt(
+    State(state): State<ApiState>,
+    Path(gateway): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let valid_gateway = !gateway.is_empty()
+        && gateway.len() <= 64
+        && gateway
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !valid_gateway {
+        return reject(
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-gateway",
+                "The gateway name is invalid",
+                "a gateway name has 1 to 64 letters, digits, '-' or '_'",
+            )
+            .with_field("gateway"),
+        );
+    }
+    let limit = state.limits.max_body_bytes;
+    let Ok(raw) = axum::body::to_bytes(body, limit).await else {
+        return reject(Problem::too_large(limit));
+    };
+    if raw.is_empty() {
+        return reject(Problem::invalid_field(
+            "body",
+            "a receipt body must not be empty",
+        ));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let partition = receipt_partition(&gateway, &raw, state.partitions);
+    match herald_store::receipts::accept_receipt(
+        &state.pool,
+        &gateway,
+        &raw,
+        content_type,
+        partition,
+    )
+    .await
+    {
+        Ok(id) => {
+            metrics::counter!(RECEIPTS).increment(1);
+            (StatusCode::ACCEPTED, Json(json!({ "receipt_id": id }))).into_response()
+        }
+        Err(err) => {
+            tracing::error!(error = %err, %gateway, "storing a receipt failed");
+            reject(Problem::unavailable())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ListQuery {
+    limit: Option<i64>,
+}
+
+fn limit(query: &ListQuery) -> i64 {
+    query.limit.unwrap_or(100).clamp(1, 1000)
+}
+
+/// `GET /v1/dead`: DEAD outbox rows, oldest first, and how many there are.
+pub(crate) async fn list_dead(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let rows = herald_store::outbox::list_dead(&state.pool, limit(&query)).await;
+    let count = herald_store::outbox::count_dead(&state.pool).await;
+    match (rows, count) {
+        (Ok(rows), Ok(count)) => Json(json!({ "count": count, "dead": rows })).into_response(),
+        (Err(err), _) | (_, Err(err)) => {
+            tracing::error!(error = %err, "listing DEAD rows failed");
+            reject(Problem::unavailable())
+        }
+    }
+}
+
+/// `POST /v1/dead/{id}/redrive`: the row goes back to PENDING with a fresh attempt budget.
+pub(crate) async fn redrive_dead(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Response {
+    let Ok(id) = id.parse::<i64>() else {
+        return reject(invalid_id(&id));
+    };
+    match herald_store::outbox::redrive_dead(&state.pool, id).await {
+        Ok(Some(partition)) => {
+            tracing::warn!(outbox_id = id, partition, "operator re-drove a DEAD row");
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({ "id": id, "partition": partition, "status": "PENDING" })),
+            )
+                .into_response()
+        }
+        Ok(None) => reject(Problem::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such DEAD row",
+            format!("no outbox row {id} is DEAD"),
+        )),
+        Err(err) => {
+            tracing::error!(error = %err, "re-driving a DEAD row failed");
+            reject(Problem::unavailable())
+        }
+    }
+}
+
+/// `GET /v1/parking`: parked input not replayed yet, with raw body and reason.
+pub(crate) async fn list_parked(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    match herald_store::receipts::list_parked(&state.pool, limit(&query)).await {
+        Ok(rows) => Json(json!({ "parked": rows })).into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "listing parked items failed");
+            reject(Problem::unavailable())
+        }
+    }
+}
+
+/// `POST /v1/parking/{id}/replay`: queues the parked receipt again (after its mapping was
+/// fixed); parked again, with a new reason, if it still cannot be applied.
+pub(crate) async fn replay_parked(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Response {
+    let Ok(id) = id.parse::<i64>() else {
+        return reject(invalid_id(&id));
+    };
+    let partitions = state.partitions;
+    let replay = herald_store::receipts::replay_parked(&state.pool, id, |gateway, raw| {
+        receipt_partition(gateway, raw, partitions)
+    })
+    .await;
+    match replay {
+        Ok(Replay::Queued { outbox_id }) => {
+            tracing::warn!(
+                parking_id = id,
+                outbox_id,
+                "operator replayed a parked item"
+            );
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({ "id": id, "outbox_id": outbox_id })),
+            )
+                .into_response()
+        }
+        Ok(Replay::NotFound) => reject(Problem::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such parked item",
+            format!("nothing is parked with id {id}"),
+        )),
+        Ok(Replay::AlreadyReplayed) => reject(Problem::new(
+            StatusCode::CONFLICT,
+            "already-replayed",
+            "The item was replayed already",
+            format!("parked item {id} was replayed; a new parking entry exists if it failed again"),
+        )),
+        Ok(Replay::NotReplayable) => reject(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not-replayable",
+            "The item cannot be replayed",
+            format!("parked item {id} holds no receipt to replay"),
+        )),
+        Err(err) => {
+            tracing::error!(error = %err, "replaying a parked item failed");
+            reject(Problem::unavailable())
+        }
+    }
+}
+
+fn invalid_id(id: &str) -> Problem {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-id",
+        "The id is not valid",
+        format!("{id:?} is not a number"),
+    )
+    .with_field("id")
+}
+
+fn reject(problem: Problem) -> Response {
+    metrics::counter!(REJECTED, "reason" => problem.reason().to_owned()).increment(1);
+    problem.into_response()
+}

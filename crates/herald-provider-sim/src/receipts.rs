@@ -1,0 +1,192 @@
+//! Delivery receipts the simulator posts back to Herald, like a real gateway: intermediate and
+//! final ones, gateways that go silent after the intermediate one, statuses outside the known
+//! vocabulary and timestamps in several formats, some malformed — each by a configurable rate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::record::{Record, SubmitAnswer};
+
+/// The injected submit faults, changeable at run time through `PUT /v1/faults`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Faults {
+    pub error_rate: f64,
+    pub timeout_rate: f64,
+}
+
+/// What receipts a submit gets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceiptRates {
+    /// Wait between a submit and its first receipt (and between intermediate and final).
+    pub delay: Duration,
+    /// Share of submits that get an intermediate ENROUTE before the final receipt.
+    pub enroute_rate: f64,
+    /// Share of submits that get only the intermediate receipt, never a final one.
+    pub silent_rate: f64,
+    /// Share of final receipts with a status outside the known vocabulary.
+    pub unknown_status_rate: f64,
+    /// Share of receipts with a malformed timestamp.
+    pub bad_timestamp_rate: f64,
+    /// Share of final receipts that say UNDELIV, and EXPIRED; the rest say DELIVRD.
+    pub undelivered_rate: f64,
+    pub expired_rate: f64,
+}
+
+impl Default for ReceiptRates {
+    fn default() -> Self {
+        Self {
+            delay: Duration::from_millis(50),
+            enroute_rate: 0.5,
+            silent_rate: 0.0,
+            unknown_status_rate: 0.0,
+            bad_timestamp_rate: 0.0,
+            undelivered_rate: 0.0,
+            expired_rate: 0.0,
+        }
+    }
+}
+
+impl ReceiptRates {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (name, rate) in [
+            ("enroute", self.enroute_rate),
+            ("silent", self.silent_rate),
+            ("unknown status", self.unknown_status_rate),
+            ("bad timestamp", self.bad_timestamp_rate),
+            ("undelivered", self.undelivered_rate),
+            ("expired", self.expired_rate),
+        ] {
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&rate),
+                "{name} rate must be within 0..=1, got {rate}"
+            );
+        }
+        anyhow::ensure!(
+            self.undelivered_rate + self.expired_rate <= 1.0,
+            "undelivered and expired rates add up to more than 1"
+        );
+        Ok(())
+    }
+}
+
+/// Posts receipts in the background, retrying while Herald is unreachable.
+#[derive(Clone)]
+pub struct Sender {
+    client: reqwest::Client,
+    base: String,
+    token: Option<String>,
+    rates: Arc<ReceiptRates>,
+    record: Arc<tokio::sync::Mutex<Record>>,
+}
+
+impl Sender {
+    pub fn new(
+        base: &str,
+        token: Option<String>,
+        rates: ReceiptRates,
+        record: Arc<tokio::sync::Mutex<Record>>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()?,
+            base: base.trim_end_matches('/').to_owned(),
+            token,
+            rates: Arc::new(rates),
+            record,
+        })
+    }
+
+    /// Schedules the receipts of one first submit.
+    pub fn schedule(&self, answer: &SubmitAnswer) {
+        let bodies = self.compose(answer);
+        let sender = self.clone();
+        let gateway = answer.gateway.clone();
+        tokio::spawn(async move {
+            for body in bodies {
+                tokio::time::sleep(sender.rates.delay).await;
+                sender.post(&gateway, body).await;
+            }
+        });
+    }
+
+    fn compose(&self, answer: &SubmitAnswer) -> Vec<Value> {
+        let rates = &self.rates;
+        let mut rng = rand::rng();
+        let mut statuses = Vec::with_capacity(2);
+        let silent = rng.random_bool(rates.silent_rate);
+        if silent || rng.random_bool(rates.enroute_rate) {
+            statuses.push("ENROUTE");
+        }
+        if !silent {
+            let roll: f64 = rng.random();
+            statuses.push(if rng.random_bool(rates.unknown_status_rate) {
+                "ACKD"
+            } else if roll < rates.undelivered_rate {
+                "UNDELIV"
+            } else if roll < rates.undelivered_rate + rates.expired_rate {
+                "EXPIRED"
+            } else {
+                "DELIVRD"
+            });
+        }
+        statuses
+            .into_iter()
+            .map(|status| {
+                json!({
+                    "provider_id": answer.provider_id,
+                    "status": status,
+                    "timestamp": timestamp(&mut rng, rates.bad_timestamp_rate),
+                })
+            })
+            .collect()
+    }
+
+    async fn post(&self, gateway: &str, body: Value) {
+        let url = format!("{}/v1/providers/{gateway}/receipts", self.base);
+        let mut delay = Duration::from_millis(100);
+        for _ in 0..40 {
+            let mut request = self.client.post(&url).json(&body);
+            if let Some(token) = &self.token {
+                request = request.bearer_auth(token);
+            }
+            match request.send().await {
+                Ok(response) if response.status().is_success() => {
+                    self.record.lock().await.count_receipt(true);
+                    return;
+                }
+                Ok(response) if response.status().is_client_error() => {
+                    tracing::error!(status = %response.status(), %url, "Herald refused a receipt");
+                    break;
+                }
+                _ => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        tracing::error!(%url, "gave up posting a receipt");
+        self.record.lock().await.count_receipt(false);
+    }
+}
+
+/// A receipt timestamp in one of the three formats gateways use, or a malformed one.
+fn timestamp(rng: &mut impl Rng, bad_rate: f64) -> Value {
+    if rng.random_bool(bad_rate) {
+        return match rng.random_range(0..3) {
+            0 => json!("not-a-time"),
+            1 => json!("2613451299"), // month 13, day 45
+            _ => json!("12/02/2026 15:04"),
+        };
+    }
+    let now = chrono::Utc::now();
+    match rng.random_range(0..3) {
+        0 => json!(now.to_rfc3339()),
+        1 => json!(now.timestamp()),
+        _ => json!(now.format("%y%m%d%H%M").to_string()),
+    }
+}

@@ -1,0 +1,315 @@
+//! Delivery receipts (the `status` job type) and the parking table (rules R6, R7).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use herald_core::{JobType, MessageState};
+use sqlx::types::Json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::accept::OUTBOX_CHANNEL;
+use crate::metrics::{measured, Operation};
+use crate::StoreError;
+
+/// Stores a provider's receipt byte for byte together with its `status` outbox row, in one
+/// transaction. Nothing is interpreted here: a receipt that cannot be applied is parked later
+/// by the status worker. Returns the receipt id.
+pub async fn accept_receipt(
+    pool: &PgPool,
+    gateway: &str,
+    raw: &[u8],
+    content_type: Option<&str>,
+    partition: u32,
+) -> Result<i64, StoreError> {
+    measured(Operation::Accept, async {
+        let mut tx = pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(
+            "WITH receipt AS (
+                 INSERT INTO receipts (gateway, raw, content_type) VALUES ($1, $2, $3)
+                 RETURNING id
+             ), queued AS (
+                 INSERT INTO outbox (partition, job_type, payload)
+                 SELECT $4, $5, jsonb_build_object('receipt_id', id) FROM receipt
+             )
+             SELECT id FROM receipt",
+        )
+        .bind(gateway)
+        .bind(raw)
+        .bind(content_type)
+        .bind(partition as i32)
+        .bind(JobType::Status.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(OUTBOX_CHANNEL)
+            .bind(partition.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(id)
+    })
+    .await
+}
+
+/// A stored receipt.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct StoredReceipt {
+    pub id: i64,
+    pub gateway: String,
+    pub raw: Vec<u8>,
+    pub received_at: DateTime<Utc>,
+}
+
+pub async fn load_receipt(pool: &PgPool, id: i64) -> Result<Option<StoredReceipt>, StoreError> {
+    Ok(
+        sqlx::query_as("SELECT id, gateway, raw, received_at FROM receipts WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?,
+    )
+}
+
+/// How much later than a receipt its effect's ledger row may be written: a provider may post the
+/// receipt before the worker recorded the provider's answer.
+pub const RECEIPT_RACE_WINDOW_SECS: f64 = 600.0;
+
+/// The message a receipt is about: the newest effect with this (gateway, provider id) recorded
+/// no later than [`RECEIPT_RACE_WINDOW_SECS`] after the receipt arrived. Provider ids are unique
+/// per gateway only and wrap, so an older effect with the same id is a different message.
+pub async fn message_for_receipt(
+    pool: &PgPool,
+    gateway: &str,
+    provider_id: &str,
+    received_at: DateTime<Utc>,
+) -> Result<Option<Uuid>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT message_id FROM ledger
+         WHERE gateway = $1 AND provider_id = $2
+           AND created_at <= $3 + make_interval(secs => $4)
+         ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(gateway)
+    .bind(provider_id)
+    .bind(received_at)
+    .bind(RECEIPT_RACE_WINDOW_SECS)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Applies a mapped receipt: the status job's outbox row becomes DONE and the state is appended
+/// to the message's history, in one statement; a final state ends the wait for a receipt.
+/// Returns false when another copy of the job got there first.
+pub async fn apply_receipt(
+    pool: &PgPool,
+    partition: u32,
+    outbox_id: i64,
+    message_id: Uuid,
+    state: MessageState,
+    detail: serde_json::Value,
+) -> Result<bool, StoreError> {
+    let is_final = herald_core::receipt::is_final(state);
+    let done = measured(
+        Operation::ReceiptApply,
+        sqlx::query(
+            "WITH done AS (
+                 UPDATE outbox SET status = 'DONE'
+                 WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')
+                 RETURNING id
+             ), settled AS (
+                 DELETE FROM awaiting_receipt
+                 WHERE message_id = $3 AND $6 AND EXISTS (SELECT 1 FROM done)
+             )
+             INSERT INTO message_events (message_id, state, detail)
+             SELECT $3, $4, $5 FROM done",
+        )
+        .bind(partition as i32)
+        .bind(outbox_id)
+        .bind(message_id)
+        .bind(state.as_str())
+        .bind(Json(detail))
+        .bind(is_final)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Parks a job's input with the reason: the outbox row becomes DONE and the raw body goes to
+/// `parking`, in one statement, so the input is never acknowledged without a write. Returns the
+/// parking id, or `None` when another copy of the job got there first.
+pub async fn park(
+    pool: &PgPool,
+    partition: u32,
+    outbox_id: i64,
+    job_type: JobType,
+    receipt_id: Option<i64>,
+    raw: &[u8],
+    reason: &str,
+) -> Result<Option<i64>, StoreError> {
+    Ok(measured(
+        Operation::Park,
+        sqlx::query_scalar(
+            "WITH done AS (
+                 UPDATE outbox SET status = 'DONE', last_error = $6
+                 WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')
+                 RETURNING id
+             )
+             INSERT INTO parking (job_type, receipt_id, raw, reason)
+             SELECT $3, $4, $5, $6 FROM done
+             RETURNING id",
+        )
+        .bind(partition as i32)
+        .bind(outbox_id)
+        .bind(job_type.as_str())
+        .bind(receipt_id)
+        .bind(raw)
+        .bind(reason)
+        .fetch_optional(pool),
+    )
+    .await?)
+}
+
+/// A parked item, for operators.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct Parked {
+    pub id: i64,
+    pub job_type: String,
+    pub receipt_id: Option<i64>,
+    pub gateway: Option<String>,
+    /// The raw body as text (lossy for non-UTF-8 bytes; the bytes are kept as they came).
+    pub raw: String,
+    pub reason: String,
+    pub parked_at: DateTime<Utc>,
+}
+
+/// Parked items not replayed yet, oldest first.
+pub async fn list_parked(pool: &PgPool, limit: i64) -> Result<Vec<Parked>, StoreError> {
+    let rows: Vec<ParkedRow> = sqlx::query_as(
+        "SELECT p.id, p.job_type, p.receipt_id, r.gateway, p.raw, p.reason, p.parked_at
+         FROM parking p LEFT JOIN receipts r ON r.id = p.receipt_id
+         WHERE p.replayed_at IS NULL ORDER BY p.id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Parked {
+            id: row.id,
+            job_type: row.job_type,
+            receipt_id: row.receipt_id,
+            gateway: row.gateway,
+            raw: String::from_utf8_lossy(&row.raw).into_owned(),
+            reason: row.reason,
+            parked_at: row.parked_at,
+        })
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct ParkedRow {
+    id: i64,
+    job_type: String,
+    receipt_id: Option<i64>,
+    gateway: Option<String>,
+    raw: Vec<u8>,
+    reason: String,
+    parked_at: DateTime<Utc>,
+}
+
+/// What an operator's replay did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// A new job was queued for the parked input.
+    Queued {
+        outbox_id: i64,
+    },
+    NotFound,
+    AlreadyReplayed,
+    /// Only parked receipts can be replayed.
+    NotReplayable,
+}
+
+/// Queues the parked receipt again (after its mapping was fixed) and marks the item replayed,
+/// in one transaction. `partition_of` routes the receipt like the receipts endpoint does.
+pub async fn replay_parked(
+    pool: &PgPool,
+    id: i64,
+    partition_of: impl Fn(&str, &[u8]) -> u32,
+) -> Result<Replay, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(Option<i64>, bool)> = sqlx::query_as(
+        "SELECT receipt_id, replayed_at IS NOT NULL FROM parking WHERE id = $1 FOR UPDATE",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let receipt_id = match row {
+        None => return Ok(Replay::NotFound),
+        Some((_, true)) => return Ok(Replay::AlreadyReplayed),
+        Some((None, false)) => return Ok(Replay::NotReplayable),
+        Some((Some(receipt_id), false)) => receipt_id,
+    };
+    let (gateway, raw): (String, Vec<u8>) =
+        sqlx::query_as("SELECT gateway, raw FROM receipts WHERE id = $1")
+            .bind(receipt_id)
+            .fetch_one(&mut *tx)
+            .await?;
+    let partition = partition_of(&gateway, &raw);
+    sqlx::query("UPDATE parking SET replayed_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let outbox_id: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (partition, job_type, payload)
+         VALUES ($1, $2, jsonb_build_object('receipt_id', $3::bigint, 'replay_of', $4::bigint))
+         RETURNING id",
+    )
+    .bind(partition as i32)
+    .bind(JobType::Status.as_str())
+    .bind(receipt_id)
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(OUTBOX_CHANNEL)
+        .bind(partition.to_string())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Replay::Queued { outbox_id })
+}
+
+/// Reconciliation of silent gateways (rule R7): messages accepted longer than `window` ago
+/// with no final receipt get UNKNOWN, at most `limit` per call. Never FAILED, never
+/// UNDELIVERED: nobody knows. Returns how many became UNKNOWN.
+pub async fn mark_silent_unknown(
+    pool: &PgPool,
+    window: Duration,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    let done = measured(
+        Operation::Reconcile,
+        sqlx::query(
+            "WITH silent AS (
+                 DELETE FROM awaiting_receipt
+                 WHERE message_id IN (SELECT message_id FROM awaiting_receipt
+                                      WHERE accepted_at < now() - make_interval(secs => $1)
+                                      ORDER BY accepted_at LIMIT $2
+                                      FOR UPDATE SKIP LOCKED)
+                 RETURNING message_id, accepted_at
+             )
+             INSERT INTO message_events (message_id, state, detail)
+             SELECT message_id, 'UNKNOWN',
+                    jsonb_build_object('reason', 'no final receipt within the reconciliation window',
+                                       'accepted_at', accepted_at)
+             FROM silent",
+        )
+        .bind(window.as_secs_f64())
+        .bind(limit)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,721 @@
+//! The seven rules, each proven by reproducing the failure it prevents against real servers.
+
+use std::time::Duration;
+
+use herald_core::send_effect_key;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::deployment::{args, KeptIds};
+use crate::{Deployment, Options};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+async fn post_batch(herald: &Deployment, recipients: &[&str]) -> Vec<String> {
+    let messages: Vec<Value> = recipients
+        .iter()
+        .map(|r| json!({"recipient": r, "body": {"text": format!("to {r}")}}))
+        .collect();
+    let response = herald
+        .client
+        .post(format!("{}/v1/messages/batch", herald.api_url))
+        .json(&json!({ "messages": messages }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202, "the API answers 202");
+    let answer: Value = response.json().await.unwrap();
+    answer["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn recipients(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+async fn send_n(herald: &Deployment, prefix: &str, n: usize) -> Vec<String> {
+    let names = recipients(prefix, n);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    post_batch(herald, &refs).await
+}
+
+async fn count(herald: &Deployment, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(&herald.pool)
+        .await
+        .unwrap()
+}
+
+async fn verify_ok(herald: &Deployment) {
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 0, "{report}");
+}
+
+fn states(history: &[(String, Value)]) -> Vec<&str> {
+    history.iter().map(|(s, _)| s.as_str()).collect()
+}
+
+// ---------------------------------------------------------------------------------------- R1
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r1_killing_the_api_loses_no_message_it_answered_202_for() {
+    let mut herald = Deployment::start(Options::default()).await;
+    let load = KeptIds::start(&herald, 4);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    herald.role("api").kill9().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    herald.role("api").restart().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (kept, failed) = load.finish().await;
+    assert!(failed > 0, "the kill interrupted requests");
+    assert!(kept.len() > 50);
+
+    herald.wait_delivered(kept.len() as i64, MINUTE).await;
+    for id in &kept {
+        let delivered: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM ledger WHERE message_id = $1::uuid")
+                .bind(id)
+                .fetch_one(&herald.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            delivered, 1,
+            "{id} was answered 202 and must be delivered once"
+        );
+    }
+    // Requests cut off after their commit are delivered too: nothing committed is lost.
+    herald
+        .wait_for(
+            "SELECT count(*) FROM ledger",
+            count(&herald, "SELECT count(*) FROM messages").await,
+            MINUTE,
+        )
+        .await;
+    verify_ok(&herald).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r1_the_api_accepts_while_redis_is_down_and_everything_is_delivered_after() {
+    let mut herald = Deployment::start(Options::default()).await;
+    herald.redis.stop().await.unwrap();
+    let ids = send_n(&herald, "no-redis", 200).await;
+    assert_eq!(ids.len(), 200);
+    let single = herald
+        .client
+        .post(format!("{}/v1/messages", herald.api_url))
+        .json(&json!({"recipient": "one", "body": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(single.status(), 202);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        count(&herald, "SELECT count(*) FROM ledger").await,
+        0,
+        "nothing can be sent yet"
+    );
+
+    herald.redis.restart().await.unwrap();
+    herald.wait_delivered(201, MINUTE).await;
+    verify_ok(&herald).await;
+    // The outage did not use up attempts: a batch the store refused gave its attempt back.
+    let max_attempts = count(
+        &herald,
+        "SELECT max(attempts)::bigint FROM outbox WHERE job_type = 'send'",
+    )
+    .await;
+    assert!(max_attempts <= 2, "attempts {max_attempts}");
+}
+
+// ---------------------------------------------------------------------------------------- R3
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_a_redis_restart_before_workers_took_the_jobs_is_redriven() {
+    let mut herald = Deployment::start(Options {
+        poller_flags: args(&["--stale-after", "3s", "--redrive-interval", "500ms"]),
+        ..Options::default()
+    })
+    .await;
+    assert!(herald
+        .role("worker")
+        .terminate(Duration::from_secs(10))
+        .await
+        .unwrap());
+    send_n(&herald, "lost-stream", 300).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM outbox WHERE job_type = 'send' AND status = 'PUBLISHED'",
+            300,
+            MINUTE,
+        )
+        .await;
+    // Redis keeps nothing on disk: the restart loses every published job.
+    herald.redis.stop().await.unwrap();
+    herald.redis.restart().await.unwrap();
+    herald.role("worker").restart().await.unwrap();
+    herald.wait_delivered(300, MINUTE).await;
+    verify_ok(&herald).await;
+    let redriven = herald
+        .metric(&herald.poller_admins[0], "herald_outbox_redriven_total")
+        .await;
+    assert!(redriven >= 300.0, "re-driven {redriven}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_a_poller_killed_between_publish_and_mark_does_not_lose_the_batch() {
+    use herald_core::{JobType, PartitionCount};
+    use herald_queue::{QueueStore, StoreSettings};
+
+    let mut herald = Deployment::start(Options {
+        pollers: 0,
+        ..Options::default()
+    })
+    .await;
+    assert!(herald
+        .role("worker")
+        .terminate(Duration::from_secs(10))
+        .await
+        .unwrap());
+    send_n(&herald, "half-done", 100).await;
+
+    // The poller's first half, done by hand: take the partitions, claim, publish — then it
+    // "dies" before marking anything.
+    let store = QueueStore::new(&StoreSettings {
+        url: herald.redis.url(),
+        job_type: JobType::Send,
+        shard: 0,
+        max_connections: 2,
+    })
+    .unwrap();
+    let mut claimed = 0;
+    for partition in PartitionCount::new(16).unwrap().all() {
+        let fence = herald_store::leases::take_over(&herald.pool, partition, "doomed")
+            .await
+            .unwrap();
+        let jobs = herald_store::outbox::claim_pending(&herald.pool, fence, 1000)
+            .await
+            .unwrap();
+        store.publish(&jobs).await.unwrap();
+        claimed += jobs.len();
+    }
+    assert_eq!(claimed, 100);
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM outbox WHERE status = 'PROCESSING'"
+        )
+        .await,
+        100
+    );
+    // And the published copies are lost with a Redis restart: only the outbox row remains.
+    herald.redis.stop().await.unwrap();
+    herald.redis.restart().await.unwrap();
+
+    let port = herald_testkit::free_port().unwrap();
+    let poller = args(&[
+        "poller",
+        "--admin-listen",
+        &format!("127.0.0.1:{port}"),
+        "--redis-send-url",
+        &herald.redis.url(),
+        "--redis-status-url",
+        &herald.status_redis.url(),
+    ]);
+    herald
+        .spawn(
+            "poller-new",
+            poller,
+            format!("http://127.0.0.1:{port}/healthz"),
+        )
+        .await;
+    herald.role("worker").restart().await.unwrap();
+    herald.wait_delivered(100, MINUTE).await;
+    verify_ok(&herald).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_past_the_attempt_limit_a_send_is_dead_visible_and_can_be_redriven() {
+    let herald = Deployment::start(Options {
+        worker_flags: args(&["--max-attempts", "2", "--retry-base", "50ms"]),
+        ..Options::default()
+    })
+    .await;
+    herald.set_faults(1.0, 0.0).await;
+    let ids = send_n(&herald, "doomed", 5).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM outbox WHERE status = 'DEAD'",
+            5,
+            MINUTE,
+        )
+        .await;
+    let dead = herald.get_json("/v1/dead").await;
+    assert_eq!(dead["count"], 5);
+    let rows = dead["dead"].as_array().unwrap();
+    assert_eq!(rows.len(), 5);
+    assert!(rows
+        .iter()
+        .all(|r| r["attempts"] == 2 && r["job_type"] == "send"));
+    assert!(
+        rows[0]["last_error"].as_str().unwrap().contains("503"),
+        "{}",
+        rows[0]
+    );
+    assert_eq!(
+        herald
+            .metric(&herald.worker_admin, "herald_dead_total")
+            .await,
+        5.0
+    );
+    for id in &ids {
+        assert_eq!(states(&herald.history(id).await).last(), Some(&"DEAD"));
+    }
+    // DEAD is not lost: verify counts it apart and does not fail.
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("dead:                       5"), "{report}");
+
+    // The provider recovers; an operator re-drives each row.
+    herald.set_faults(0.0, 0.0).await;
+    for row in rows {
+        let response = herald
+            .client
+            .post(format!("{}/v1/dead/{}/redrive", herald.api_url, row["id"]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202);
+    }
+    let again = herald
+        .client
+        .post(format!(
+            "{}/v1/dead/{}/redrive",
+            herald.api_url, rows[0]["id"]
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 404, "no longer DEAD");
+    herald.wait_delivered(5, MINUTE).await;
+    assert_eq!(herald.get_json("/v1/dead").await["count"], 0);
+    verify_ok(&herald).await;
+}
+
+#[test]
+fn r3_no_code_path_deletes_an_outbox_row() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut offenders = Vec::new();
+    let mut stack = vec![root.join("crates"), root.join("migrations")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if !path.ends_with("tests") && !path.ends_with("target") {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "sql") {
+                let text = std::fs::read_to_string(&path).unwrap().to_ascii_lowercase();
+                let squeezed: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+                for needle in ["delete from outbox", "truncate outbox", "drop table outbox"] {
+                    if squeezed.contains(needle) {
+                        offenders.push(format!("{}: {needle}", path.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "outbox rows are the proof: {offenders:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------- R4
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_message_refused_by_an_internal_check_fails_without_a_claim() {
+    let herald = Deployment::start(Options {
+        worker_flags: args(&["--blocked-recipients", "+15550999,+15550998"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = post_batch(&herald, &["+15550999", "+15550100"]).await;
+    herald.wait_delivered(1, MINUTE).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_events WHERE state = 'FAILED'",
+            1,
+            MINUTE,
+        )
+        .await;
+    let blocked = herald.history(&ids[0]).await;
+    assert_eq!(states(&blocked), vec!["QUEUED", "FAILED"]);
+    assert!(blocked[1].1["reason"].as_str().unwrap().contains("blocked"));
+    let submits = herald.provider_submits().await;
+    let blocked_key = send_effect_key(Uuid::parse_str(&ids[0]).unwrap());
+    assert!(
+        !submits.contains_key(&blocked_key),
+        "a refused message never reaches the provider"
+    );
+    assert!(states(&herald.history(&ids[1]).await).contains(&"ACCEPTED"));
+    verify_ok(&herald).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_worker_killed_after_claimed_is_redriven_and_accepted_once() {
+    let mut herald = Deployment::start(Options {
+        sim_flags: args(&["--latency", "2s"]),
+        poller_flags: args(&["--stale-claim-after", "4s", "--redrive-interval", "500ms"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = send_n(&herald, "claimed", 40).await;
+    herald
+        .wait_for("SELECT count(*) FROM in_flight_sends", 40, MINUTE)
+        .await;
+    // Every send is CLAIMED and waiting on the provider: kill the worker now.
+    herald.role("worker").kill9().await.unwrap();
+    assert_eq!(count(&herald, "SELECT count(*) FROM ledger").await, 0);
+    herald.role("worker").restart().await.unwrap();
+    herald.wait_delivered(40, MINUTE).await;
+    for id in &ids {
+        let history = herald.history(id).await;
+        let accepted = states(&history)
+            .iter()
+            .filter(|s| **s == "ACCEPTED")
+            .count();
+        assert_eq!(accepted, 1, "{id}: {history:?}");
+        assert!(
+            history.iter().any(|(s, d)| s == "RETRYING"
+                && d["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("stale CLAIMED")),
+            "{id}: {history:?}"
+        );
+    }
+    verify_ok(&herald).await;
+}
+
+// ---------------------------------------------------------------------------------------- R5
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
+    let mut herald = Deployment::start(Options {
+        sim_flags: args(&["--timeout-delay", "3s"]),
+        worker_flags: args(&[
+            "--provider-timeout",
+            "10s",
+            "--max-attempts",
+            "2",
+            "--retry-base",
+            "50ms",
+        ]),
+        poller_flags: args(&["--stale-claim-after", "5s", "--redrive-interval", "500ms"]),
+        ..Options::default()
+    })
+    .await;
+    // Path 1: the plain send.
+    let plain = send_n(&herald, "plain", 10).await;
+    herald.wait_delivered(10, MINUTE).await;
+
+    // Path 2: the provider takes the submit but answers late; the worker dies before it can
+    // write ACCEPTED. The stale claim is re-driven and submitted again with the same key.
+    herald.set_faults(0.0, 1.0).await;
+    let crashed = send_n(&herald, "crashed", 10).await;
+    herald
+        .wait_for("SELECT count(*) FROM in_flight_sends", 10, MINUTE)
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    herald.role("worker").kill9().await.unwrap();
+    herald.set_faults(0.0, 0.0).await;
+    herald.role("worker").restart().await.unwrap();
+    herald.wait_delivered(20, MINUTE).await;
+
+    // Path 3: every attempt times out after the provider took it, until DEAD; the operator
+    // re-drives it once the provider is well.
+    herald.role("worker").kill9().await.unwrap();
+    let mut dead_worker = args(&[
+        "worker",
+        "--job-type",
+        "send",
+        "--provider-timeout",
+        "300ms",
+    ]);
+    let port = herald_testkit::free_port().unwrap();
+    dead_worker.extend(args(&[
+        "--max-attempts",
+        "2",
+        "--retry-base",
+        "50ms",
+        "--admin-listen",
+        &format!("127.0.0.1:{port}"),
+        "--redis-url",
+        &herald.redis.url(),
+        "--provider-url",
+        &herald.sim_url,
+    ]));
+    herald
+        .spawn(
+            "impatient-worker",
+            dead_worker,
+            format!("http://127.0.0.1:{port}/healthz"),
+        )
+        .await;
+    herald.set_faults(0.0, 1.0).await;
+    let redriven = send_n(&herald, "dead", 5).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM outbox WHERE status = 'DEAD'",
+            5,
+            MINUTE,
+        )
+        .await;
+    herald.set_faults(0.0, 0.0).await;
+    for row in herald.get_json("/v1/dead").await["dead"]
+        .as_array()
+        .unwrap()
+    {
+        let url = format!("{}/v1/dead/{}/redrive", herald.api_url, row["id"]);
+        assert_eq!(herald.client.post(url).send().await.unwrap().status(), 202);
+    }
+    herald.wait_delivered(25, MINUTE).await;
+
+    // One ledger row per message, its key derived from the message, and every submit the
+    // provider saw for a message carried that same key.
+    let submits = herald.provider_submits().await;
+    assert_eq!(submits.len(), 25, "one key per message: {submits:?}");
+    for (ids, at_least) in [(&plain, 1), (&crashed, 2), (&redriven, 3)] {
+        for id in ids {
+            let key = send_effect_key(Uuid::parse_str(id).unwrap());
+            let rows: Vec<String> = sqlx::query_scalar(
+                "SELECT idempotency_key FROM ledger WHERE message_id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_all(&herald.pool)
+            .await
+            .unwrap();
+            assert_eq!(rows, vec![key.clone()], "{id}");
+            let seen = submits.get(&key).copied().unwrap_or(0);
+            assert!(
+                seen >= at_least,
+                "{id}: {seen} submits, expected at least {at_least}"
+            );
+        }
+    }
+    verify_ok(&herald).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_two_gateways_issuing_the_same_provider_id_land_on_the_right_messages() {
+    let herald = Deployment::start(Options {
+        sim_flags: args(&["--gateways", "gw-a,gw-b", "--id-wrap", "1000"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = send_n(&herald, "twins", 40).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_current_state WHERE state = 'DELIVERED'",
+            40,
+            MINUTE,
+        )
+        .await;
+    let shared = count(
+        &herald,
+        "SELECT count(*) FROM ledger a JOIN ledger b
+           ON a.provider_id = b.provider_id AND a.gateway = 'gw-a' AND b.gateway = 'gw-b'",
+    )
+    .await;
+    assert!(shared > 0, "both gateways issued the same ids");
+    for id in &ids {
+        let (gateway, provider_id): (String, String) =
+            sqlx::query_as("SELECT gateway, provider_id FROM ledger WHERE message_id = $1::uuid")
+                .bind(id)
+                .fetch_one(&herald.pool)
+                .await
+                .unwrap();
+        let history = herald.history(id).await;
+        let delivered = history.iter().find(|(s, _)| s == "DELIVERED").unwrap();
+        assert_eq!(delivered.1["gateway"], gateway.as_str());
+        assert_eq!(delivered.1["provider_id"], provider_id.as_str());
+    }
+    let stats = herald.get_json_from(&herald.sim_url, "/v1/stats").await;
+    assert_eq!(stats["duplicate_submits"], 0, "nothing was sent again");
+    verify_ok(&herald).await;
+}
+
+// ---------------------------------------------------------------------------------------- R6
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_an_unknown_status_is_parked_and_replayed_once_the_mapping_is_fixed() {
+    let mut herald = Deployment::start(Options {
+        sim_flags: args(&["--unknown-status-rate", "1", "--enroute-rate", "0"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = send_n(&herald, "odd-status", 5).await;
+    herald
+        .wait_for("SELECT count(*) FROM parking", 5, MINUTE)
+        .await;
+    let parked = herald.get_json("/v1/parking").await;
+    let items = parked["parked"].as_array().unwrap();
+    assert_eq!(items.len(), 5);
+    for item in items {
+        assert!(
+            item["reason"]
+                .as_str()
+                .unwrap()
+                .contains("unknown provider status \"ACKD\""),
+            "{item}"
+        );
+        // The raw body, exactly as the provider posted it.
+        let raw: Vec<u8> = sqlx::query_scalar("SELECT raw FROM receipts WHERE id = $1")
+            .bind(item["receipt_id"].as_i64().unwrap())
+            .fetch_one(&herald.pool)
+            .await
+            .unwrap();
+        assert_eq!(item["raw"].as_str().unwrap().as_bytes(), raw.as_slice());
+    }
+    // Nothing else changed: every message is still just ACCEPTED.
+    for id in &ids {
+        assert_eq!(
+            states(&herald.history(id).await),
+            vec!["QUEUED", "CLAIMED", "ACCEPTED"]
+        );
+    }
+    assert_eq!(
+        herald
+            .metric(&herald.status_worker_admin, "herald_parked_total")
+            .await,
+        5.0
+    );
+
+    // The operator teaches Herald the status and replays the parked receipts.
+    assert!(herald
+        .role("status-worker")
+        .terminate(Duration::from_secs(10))
+        .await
+        .unwrap());
+    let port = herald_testkit::free_port().unwrap();
+    let fixed = args(&[
+        "worker",
+        "--job-type",
+        "status",
+        "--status-alias",
+        "ACKD=DELIVRD",
+        "--admin-listen",
+        &format!("127.0.0.1:{port}"),
+        "--redis-url",
+        &herald.status_redis.url(),
+    ]);
+    herald
+        .spawn(
+            "status-worker-fixed",
+            fixed,
+            format!("http://127.0.0.1:{port}/healthz"),
+        )
+        .await;
+    for item in items {
+        let url = format!("{}/v1/parking/{}/replay", herald.api_url, item["id"]);
+        assert_eq!(herald.client.post(&url).send().await.unwrap().status(), 202);
+        assert_eq!(herald.client.post(&url).send().await.unwrap().status(), 409);
+    }
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_current_state WHERE state = 'DELIVERED'",
+            5,
+            MINUTE,
+        )
+        .await;
+    assert_eq!(
+        herald.get_json("/v1/parking").await["parked"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    verify_ok(&herald).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_an_unparseable_timestamp_is_parked_and_never_replaced_by_now() {
+    let herald = Deployment::start(Options {
+        sim_flags: args(&["--bad-timestamp-rate", "1", "--enroute-rate", "0"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = send_n(&herald, "bad-time", 5).await;
+    herald
+        .wait_for("SELECT count(*) FROM parking", 5, MINUTE)
+        .await;
+    let items = herald.get_json("/v1/parking").await;
+    for item in items["parked"].as_array().unwrap() {
+        assert!(
+            item["reason"]
+                .as_str()
+                .unwrap()
+                .contains("unparseable timestamp"),
+            "{item}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for id in &ids {
+        assert_eq!(
+            states(&herald.history(id).await),
+            vec!["QUEUED", "CLAIMED", "ACCEPTED"]
+        );
+    }
+    let with_time = count(
+        &herald,
+        "SELECT count(*) FROM message_events WHERE detail ? 'provider_time'",
+    )
+    .await;
+    assert_eq!(with_time, 0, "no receipt was applied with an invented time");
+    verify_ok(&herald).await;
+}
+
+// ---------------------------------------------------------------------------------------- R7
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r7_a_silent_gateway_s_messages_become_unknown_never_failed() {
+    let herald = Deployment::start(Options {
+        sim_flags: args(&["--silent-rate", "1"]),
+        status_worker_flags: args(&["--receipt-window", "2s", "--reconcile-interval", "500ms"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = send_n(&herald, "silent", 10).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_current_state WHERE state = 'UNKNOWN'",
+            10,
+            MINUTE,
+        )
+        .await;
+    for id in &ids {
+        assert_eq!(
+            states(&herald.history(id).await),
+            vec!["QUEUED", "CLAIMED", "ACCEPTED", "ENROUTE", "UNKNOWN"]
+        );
+    }
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM message_events WHERE state IN ('FAILED', 'UNDELIVERED')"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        herald
+            .metric(&herald.status_worker_admin, "herald_unknown_total")
+            .await,
+        10.0
+    );
+    verify_ok(&herald).await;
+}
