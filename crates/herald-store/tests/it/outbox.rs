@@ -178,13 +178,13 @@ async fn redrive_returns_stale_rows_and_kills_them_past_the_attempt_limit() {
 }
 
 #[tokio::test]
-async fn the_claim_uses_the_partial_index() {
+async fn r2_the_claim_uses_the_partial_index() {
     let (_pg, pool) = migrated(2).await;
-    // 20,000 finished rows and a few pending ones in one partition.
+    // 100,000 finished rows and a few pending ones in one partition.
     sqlx::query(
         "INSERT INTO outbox (partition, job_type, status)
-         SELECT 1, 'send', CASE WHEN g % 5000 = 0 THEN 'PENDING' ELSE 'DONE' END
-         FROM generate_series(1, 20000) g",
+         SELECT 1, 'send', CASE WHEN g % 20000 = 0 THEN 'PENDING' ELSE 'DONE' END
+         FROM generate_series(1, 100000) g",
     )
     .execute(&pool)
     .await
@@ -201,4 +201,46 @@ async fn the_claim_uses_the_partial_index() {
     let plan = plan.join("\n");
     assert!(plan.contains("outbox_p0001_pending"), "{plan}");
     assert!(!plan.contains("Seq Scan"), "{plan}");
+}
+
+#[tokio::test]
+async fn r2_two_claimers_of_one_partition_get_disjoint_rows() {
+    let (_pg, pool) = migrated(2).await;
+    sqlx::query(
+        "INSERT INTO outbox (partition, job_type) SELECT 1, 'send' FROM generate_series(1, 5000)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let fence = take_over(&pool, 1, "both").await.unwrap();
+    // Two pollers that both believe they own the partition, claiming as fast as they can.
+    let claimer = |pool: sqlx::PgPool| async move {
+        let mut mine = Vec::new();
+        loop {
+            let jobs = claim_pending(&pool, fence, 37).await.unwrap();
+            if jobs.is_empty() {
+                return mine;
+            }
+            mine.extend(jobs.into_iter().map(|j| j.outbox_id));
+        }
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(claimer(pool.clone())),
+        tokio::spawn(claimer(pool.clone()))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(
+        !a.is_empty() && !b.is_empty(),
+        "both claimed: {} and {}",
+        a.len(),
+        b.len()
+    );
+    let a: std::collections::HashSet<i64> = a.into_iter().collect();
+    let b: std::collections::HashSet<i64> = b.into_iter().collect();
+    assert!(a.is_disjoint(&b), "a row was claimed twice");
+    assert_eq!(a.len() + b.len(), 5000);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM outbox WHERE attempts = 1").await,
+        5000
+    );
 }
