@@ -150,9 +150,7 @@ impl Poller {
         while !cancel.is_cancelled() {
             if tokio::time::Instant::now() >= next_redrive {
                 next_redrive = tokio::time::Instant::now() + self.settings.redrive_interval;
-                if self.redrive(fence).await == Err(PartitionExit::Fenced) {
-                    return PartitionExit::Fenced;
-                }
+                self.redrive(fence).await;
             }
             let outcome = match self.drain(fence).await {
                 Ok(outcome) => outcome,
@@ -231,74 +229,50 @@ impl Poller {
         Ok(())
     }
 
-    async fn redrive(&self, fence: Fence) -> Result<(), PartitionExit> {
+    /// Both re-drive passes over one partition: rows claimed or published but never
+    /// confirmed (rule R3), and sends whose worker died after CLAIMED (rule R4). A deposed
+    /// owner's re-drive changes nothing (the fence); the next claim notices and stops the task.
+    async fn redrive(&self, fence: Fence) {
         let started = Instant::now();
-        let result = redrive_stale(
-            &self.pool,
-            fence,
-            self.settings.stale_after,
-            self.settings.max_attempts,
-        )
-        .await;
-        ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
-        match result {
-            Ok(moved) => {
-                if moved.pending > 0 || moved.dead > 0 {
-                    tracing::warn!(
-                        partition = fence.partition,
-                        pending = moved.pending,
-                        dead = moved.dead,
-                        "re-drove stale outbox rows"
-                    );
-                }
-                ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved.pending);
-                ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
-                ::metrics::counter!(herald_store::metrics::DEAD, "stage" => "redrive")
-                    .increment(moved.dead);
-                self.redrive_claims(fence).await
-            }
-            Err(herald_store::StoreError::Fenced { .. }) => {
-                ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
-                Err(PartitionExit::Fenced)
-            }
-            Err(err) => {
-                tracing::warn!(partition = fence.partition, error = %err, "re-drive failed");
-                Ok(())
-            }
-        }
-    }
-}
-
-impl Poller {
-    /// Re-drives the partition's sends whose worker died after CLAIMED (rule R4).
-    async fn redrive_claims(&self, fence: Fence) -> Result<(), PartitionExit> {
-        match herald_store::outbox::redrive_stale_claims(
+        let (stale_after, max_attempts) = (self.settings.stale_after, self.settings.max_attempts);
+        let unconfirmed = redrive_stale(&self.pool, fence, stale_after, max_attempts).await;
+        count_redriven(fence, "redrive", unconfirmed);
+        let stale_claims = herald_store::outbox::redrive_stale_claims(
             &self.pool,
             fence,
             self.settings.stale_claim_after,
-            self.settings.max_attempts,
+            max_attempts,
         )
-        .await
-        {
-            Ok(moved) => {
-                if moved.pending > 0 || moved.dead > 0 {
-                    tracing::warn!(
-                        partition = fence.partition,
-                        pending = moved.pending,
-                        dead = moved.dead,
-                        "re-drove sends whose worker recorded no outcome after CLAIMED"
-                    );
-                }
-                ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved.pending);
-                ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
-                ::metrics::counter!(herald_store::metrics::DEAD, "stage" => "stale_claim")
-                    .increment(moved.dead);
-                Ok(())
+        .await;
+        count_redriven(fence, "stale_claim", stale_claims);
+        ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Logs and counts what one re-drive pass (`stage`) moved.
+fn count_redriven(
+    fence: Fence,
+    stage: &'static str,
+    result: Result<herald_store::outbox::Redriven, herald_store::StoreError>,
+) {
+    match result {
+        Ok(moved) => {
+            if moved.pending > 0 || moved.dead > 0 {
+                tracing::warn!(
+                    partition = fence.partition,
+                    stage,
+                    pending = moved.pending,
+                    dead = moved.dead,
+                    "re-drove outbox rows nobody finished"
+                );
             }
-            Err(err) => {
-                tracing::warn!(partition = fence.partition, error = %err, "re-drive of stale claims failed");
-                Ok(())
-            }
+            ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved.pending);
+            ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
+            ::metrics::counter!(herald_store::metrics::DEAD, "stage" => stage)
+                .increment(moved.dead);
+        }
+        Err(err) => {
+            tracing::warn!(partition = fence.partition, stage, error = %err, "re-drive failed")
         }
     }
 }

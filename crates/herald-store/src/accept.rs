@@ -14,6 +14,19 @@ use crate::StoreError;
 /// wakes at once instead of at its next poll.
 pub const OUTBOX_CHANNEL: &str = "herald_outbox";
 
+/// Wakes the pollers of `partitions` when the surrounding transaction commits.
+pub(crate) async fn notify_partitions(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    partitions: &[i32],
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, p::text) FROM UNNEST($2::int[]) AS p")
+        .bind(OUTBOX_CHANNEL)
+        .bind(partitions)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// A validated message, ready to be written. The caller computed its id and partition.
 #[derive(Debug, Clone)]
 pub struct NewMessage {
@@ -130,11 +143,7 @@ async fn accept_in_transaction(
     partitions.sort_unstable();
     partitions.dedup();
     if !partitions.is_empty() {
-        sqlx::query("SELECT pg_notify($1, p::text) FROM UNNEST($2::int[]) AS p")
-            .bind(OUTBOX_CHANNEL)
-            .bind(&partitions)
-            .execute(&mut *tx)
-            .await?;
+        notify_partitions(&mut tx, &partitions).await?;
     }
 
     let mut answers = Vec::with_capacity(messages.len());

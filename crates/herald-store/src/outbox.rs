@@ -191,19 +191,7 @@ pub async fn redrive_stale(
         .fetch_all(pool),
     )
     .await?;
-    let mut redriven = Redriven::default();
-    for (status, count) in counts {
-        match status.as_str() {
-            "PENDING" => redriven.pending = count as u64,
-            "DEAD" => redriven.dead = count as u64,
-            other => {
-                return Err(StoreError::Corrupt(format!(
-                    "re-drive moved a row to {other}"
-                )))
-            }
-        }
-    }
-    Ok(redriven)
+    tally(counts)
 }
 
 /// Returns rows a previous owner claimed but never published to PENDING at once, without
@@ -272,14 +260,7 @@ pub async fn redrive_stale_claims(
         .fetch_all(pool),
     )
     .await?;
-    let mut redriven = Redriven::default();
-    for (status, count) in counts {
-        match status.as_str() {
-            "PENDING" => redriven.pending = count as u64,
-            _ => redriven.dead = count as u64,
-        }
-    }
-    Ok(redriven)
+    tally(counts)
 }
 
 /// Returns a claimed or published job to PENDING, due after `backoff`, keeping its attempt
@@ -367,13 +348,26 @@ pub async fn redrive_dead(pool: &PgPool, outbox_id: i64) -> Result<Option<u32>, 
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(crate::accept::OUTBOX_CHANNEL)
-        .bind(partition.to_string())
-        .execute(&mut *tx)
-        .await?;
+    crate::accept::notify_partitions(&mut tx, &[partition]).await?;
     tx.commit().await?;
     Ok(Some(partition as u32))
+}
+
+/// Counts a re-drive's `(status, rows)` result.
+fn tally(counts: Vec<(String, i64)>) -> Result<Redriven, StoreError> {
+    let mut redriven = Redriven::default();
+    for (status, count) in counts {
+        match status.as_str() {
+            "PENDING" => redriven.pending = count as u64,
+            "DEAD" => redriven.dead = count as u64,
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "re-drive moved a row to {other}"
+                )))
+            }
+        }
+    }
+    Ok(redriven)
 }
 
 /// PENDING rows and the age of the oldest one, per partition that has any.

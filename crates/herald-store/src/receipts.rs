@@ -8,7 +8,6 @@ use sqlx::types::Json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::accept::OUTBOX_CHANNEL;
 use crate::metrics::{measured, Operation};
 use crate::StoreError;
 
@@ -41,11 +40,7 @@ pub async fn accept_receipt(
         .bind(JobType::Status.as_str())
         .fetch_one(&mut *tx)
         .await?;
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(OUTBOX_CHANNEL)
-            .bind(partition.to_string())
-            .execute(&mut *tx)
-            .await?;
+        crate::accept::notify_partitions(&mut tx, &[partition as i32]).await?;
         tx.commit().await?;
         Ok(id)
     })
@@ -272,11 +267,7 @@ pub async fn replay_parked(
     .bind(id)
     .fetch_one(&mut *tx)
     .await?;
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(OUTBOX_CHANNEL)
-        .bind(partition.to_string())
-        .execute(&mut *tx)
-        .await?;
+    crate::accept::notify_partitions(&mut tx, &[partition as i32]).await?;
     tx.commit().await?;
     Ok(Replay::Queued { outbox_id })
 }

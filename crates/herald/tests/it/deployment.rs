@@ -281,28 +281,8 @@ impl Deployment {
 
     /// Waits until the ledger holds `count` rows; panics with the role logs after `timeout`.
     pub async fn wait_delivered(&self, count: i64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let delivered: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
-                .fetch_one(&self.pool)
-                .await
-                .unwrap();
-            if delivered >= count {
-                return;
-            }
-            if Instant::now() >= deadline {
-                let logs: Vec<String> = self
-                    .roles
-                    .iter()
-                    .map(|r| format!("--- {} ---\n{}", r.name(), r.log_tail(3000)))
-                    .collect();
-                panic!(
-                    "only {delivered} of {count} delivered after {timeout:?}\n{}",
-                    logs.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.wait_for("SELECT count(*) FROM ledger", count, timeout)
+            .await
     }
 
     /// GET a JSON document from the API.

@@ -40,29 +40,14 @@ async fn ten_thousand_messages_are_each_accepted_once() {
     }
 
     // Every ledger key was submitted to the provider at least once.
-    let submitted = herald
-        .client
-        .get(format!("{}/v1/submits", herald.sim_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let submitted: HashMap<&str, u64> = submitted
-        .lines()
-        .map(|line| {
-            let (key, n) = line.rsplit_once(' ').unwrap();
-            (key, n.parse().unwrap())
-        })
-        .collect();
+    let submitted = herald.provider_submits().await;
     let keys: Vec<String> = sqlx::query_scalar("SELECT idempotency_key FROM ledger")
         .fetch_all(&herald.pool)
         .await
         .unwrap();
     for key in &keys {
         assert!(
-            submitted.get(key.as_str()).copied().unwrap_or(0) >= 1,
+            submitted.get(key).copied().unwrap_or(0) >= 1,
             "{key} never submitted"
         );
     }
