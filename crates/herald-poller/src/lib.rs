@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use herald_core::job::Job;
 use herald_core::{Fence, JobType};
-use herald_queue::QueueStore;
+use herald_queue::monitor::MonitoredStore;
 use herald_store::accept::OUTBOX_CHANNEL;
-use herald_store::outbox::{claim_pending, mark_published, redrive_stale, release_unpublished};
+use herald_store::outbox::{claim_pending_of, mark_published, redrive_stale, release_unpublished};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -64,7 +64,7 @@ impl Default for PollerSettings {
 #[derive(Clone)]
 pub struct Poller {
     pool: PgPool,
-    stores: Arc<HashMap<JobType, Vec<QueueStore>>>,
+    stores: Arc<HashMap<JobType, Vec<MonitoredStore>>>,
     settings: PollerSettings,
 }
 
@@ -77,13 +77,16 @@ pub enum Drained {
     MoreWork,
     /// Publishing failed; the claimed rows were released.
     PublishFailed,
+    /// Every queue store this partition publishes to is full or unreachable: nothing was
+    /// claimed, the rows stay PENDING.
+    Paused,
 }
 
 impl Poller {
     /// `stores` holds every shard of each job type, in shard order.
     pub fn new(
         pool: PgPool,
-        stores: HashMap<JobType, Vec<QueueStore>>,
+        stores: HashMap<JobType, Vec<MonitoredStore>>,
         settings: PollerSettings,
     ) -> Self {
         Self {
@@ -169,7 +172,7 @@ impl Poller {
                     continue;
                 }
                 Drained::Empty => self.settings.poll_interval,
-                Drained::PublishFailed => self.settings.publish_backoff,
+                Drained::PublishFailed | Drained::Paused => self.settings.publish_backoff,
             };
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -184,7 +187,11 @@ impl Poller {
     /// batch cap is reached.
     pub async fn drain(&self, fence: Fence) -> anyhow::Result<Drained> {
         for _ in 0..self.settings.max_batches_per_tick {
-            let jobs = claim_pending(&self.pool, fence, self.settings.batch_size).await?;
+            let open = self.open_job_types(fence.partition);
+            if open.is_empty() {
+                return Ok(Drained::Paused);
+            }
+            let jobs = claim_pending_of(&self.pool, fence, self.settings.batch_size, &open).await?;
             if jobs.is_empty() {
                 return Ok(Drained::Empty);
             }
@@ -192,7 +199,12 @@ impl Poller {
             let claimed = jobs.len();
             let ids: Vec<i64> = jobs.iter().map(|job| job.outbox_id).collect();
             if let Err(err) = self.publish(&jobs).await {
-                ::metrics::counter!(m::PUBLISH_FAILURES).increment(1);
+                let reason = if format!("{err:#}").contains("OOM") {
+                    "oom"
+                } else {
+                    "error"
+                };
+                ::metrics::counter!(m::PUBLISH_FAILURES, "reason" => reason).increment(1);
                 tracing::warn!(partition = fence.partition, jobs = claimed, error = %err,
                     "publish failed; returning the batch to PENDING");
                 release_unpublished(&self.pool, fence, &ids).await?;
@@ -207,22 +219,47 @@ impl Poller {
         Ok(Drained::MoreWork)
     }
 
+    /// The shard of `job_type` that `partition` publishes to.
+    fn shard(&self, job_type: JobType, partition: u32) -> Option<&MonitoredStore> {
+        let shards = self
+            .stores
+            .get(&job_type)
+            .filter(|shards| !shards.is_empty())?;
+        Some(&shards[partition as usize % shards.len()])
+    }
+
+    /// The job types whose store (for this partition) can take more jobs. Rows of the others
+    /// stay PENDING until their store drains below the threshold.
+    fn open_job_types(&self, partition: u32) -> Vec<JobType> {
+        JobType::ALL
+            .into_iter()
+            .filter(|job_type| match self.shard(*job_type, partition) {
+                Some(store) if store.pressure().is_ok() => true,
+                Some(_) => {
+                    ::metrics::counter!(m::PUBLISH_PAUSED, "job_type" => job_type.as_str())
+                        .increment(1);
+                    false
+                }
+                None => false,
+            })
+            .collect()
+    }
+
     async fn publish(&self, jobs: &[Job]) -> anyhow::Result<()> {
         let mut by_type: HashMap<JobType, Vec<Job>> = HashMap::new();
         for job in jobs {
             by_type.entry(job.job_type).or_default().push(job.clone());
         }
         for (job_type, jobs) in by_type {
-            let shards = self
-                .stores
-                .get(&job_type)
-                .filter(|shards| !shards.is_empty())
-                .ok_or_else(|| {
-                    anyhow::anyhow!("no queue store configured for job type {job_type}")
-                })?;
             // Every job of a batch is from one partition, so all go to one shard.
-            let store = &shards[jobs[0].partition as usize % shards.len()];
-            store.publish(&jobs).await?;
+            let store = self.shard(job_type, jobs[0].partition).ok_or_else(|| {
+                anyhow::anyhow!("no queue store configured for job type {job_type}")
+            })?;
+            if let Err(err) = store.store.publish(&jobs).await {
+                // Read the store now, so a full one pauses this and every other partition.
+                store.refresh().await;
+                return Err(err.into());
+            }
             ::metrics::counter!(m::PUBLISHED, "job_type" => job_type.as_str())
                 .increment(jobs.len() as u64);
         }

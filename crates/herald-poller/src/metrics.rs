@@ -4,6 +4,7 @@ pub const CLAIMED: &str = "herald_outbox_claimed_total";
 pub const PUBLISHED: &str = "herald_jobs_published_total";
 pub const MARKED: &str = "herald_outbox_marked_total";
 pub const PUBLISH_FAILURES: &str = "herald_publish_failures_total";
+pub const PUBLISH_PAUSED: &str = "herald_publish_paused_total";
 pub const REDRIVEN: &str = "herald_outbox_redriven_total";
 pub const REDRIVE_PASS_DURATION: &str = "herald_redrive_pass_duration_seconds";
 pub const OWNED_PARTITIONS: &str = "herald_poller_owned_partitions";
@@ -19,7 +20,11 @@ pub fn describe() {
     metrics::describe_counter!(MARKED, "Outbox rows marked PUBLISHED.");
     metrics::describe_counter!(
         PUBLISH_FAILURES,
-        "Batches the queue store refused; their rows went back to PENDING."
+        "Batches the queue store refused, by reason (oom, error); their rows went back to PENDING."
+    );
+    metrics::describe_counter!(
+        PUBLISH_PAUSED,
+        "Claims skipped for a job type because its queue store was full or unreachable."
     );
     metrics::describe_counter!(
         REDRIVEN,

@@ -5,6 +5,7 @@
 //! work in flight.
 
 pub mod metrics;
+pub mod monitor;
 
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,7 @@ pub struct Delivery {
 pub struct QueueStore {
     pool: Pool,
     job_type: JobType,
+    shard: u32,
     stream: String,
     group: String,
 }
@@ -76,6 +78,7 @@ impl QueueStore {
         Ok(Self {
             pool,
             job_type,
+            shard: settings.shard,
             stream: format!("herald:{job_type}:{}", settings.shard),
             group: format!("herald-{job_type}-workers"),
         })
@@ -83,6 +86,10 @@ impl QueueStore {
 
     pub fn job_type(&self) -> JobType {
         self.job_type
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.shard
     }
 
     /// The stream's key (for operators and tests).

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use herald_core::job::Job;
+use herald_core::JobType;
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::PgPool;
@@ -34,6 +35,18 @@ pub async fn claim_pending(
     fence: Fence,
     limit: u32,
 ) -> Result<Vec<Job>, StoreError> {
+    claim_pending_of(pool, fence, limit, &JobType::ALL).await
+}
+
+/// [`claim_pending`] restricted to `job_types`: rows of other types stay PENDING (their queue
+/// store is full or unreachable).
+pub async fn claim_pending_of(
+    pool: &PgPool,
+    fence: Fence,
+    limit: u32,
+    job_types: &[JobType],
+) -> Result<Vec<Job>, StoreError> {
+    let job_types: Vec<&str> = job_types.iter().map(|t| t.as_str()).collect();
     let rows: Vec<ClaimedRow> = measured(
         Operation::Claim,
         sqlx::query_as(
@@ -48,7 +61,7 @@ pub async fn claim_pending(
                    AND (SELECT held FROM fence) = 1
                    AND o.id IN (SELECT id FROM outbox
                                 WHERE partition = $1 AND status = 'PENDING'
-                                  AND available_at <= now()
+                                  AND available_at <= now() AND job_type = ANY($4)
                                 ORDER BY id
                                 LIMIT $3
                                 FOR UPDATE SKIP LOCKED)
@@ -60,6 +73,7 @@ pub async fn claim_pending(
         .bind(fence.partition as i32)
         .bind(fence.epoch)
         .bind(i64::from(limit))
+        .bind(&job_types)
         .fetch_all(pool),
     )
     .await?;

@@ -33,8 +33,13 @@ pub struct LocalRedis {
 
 impl LocalRedis {
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(&RedisOptions::default()).await
+    }
+
+    /// Starts a server in a fresh temporary directory with `options`.
+    pub async fn start_with(options: &RedisOptions) -> anyhow::Result<Self> {
         let temp = tempfile::Builder::new().prefix("herald-redis-").tempdir()?;
-        let mut redis = Self::start_in(temp.path(), &RedisOptions::default()).await?;
+        let mut redis = Self::start_in(temp.path(), options).await?;
         redis._temp = Some(temp);
         Ok(redis)
     }

@@ -104,6 +104,17 @@ pub struct ApiArgs {
     /// Address the API (and its /healthz, /readyz, /metrics) listens on.
     #[arg(long, env = "HERALD_API_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// The send job type's queue store shards. Not on the accept path: `/readyz` turns false
+    /// when one is full or unreachable, so traffic moves to a healthy deployment.
+    #[arg(long, env = "HERALD_REDIS_SEND_URL", value_delimiter = ',')]
+    #[serde(serialize_with = "mask_passwords")]
+    pub redis_send_url: Vec<String>,
+    /// The status job type's queue store shards (readiness only, like --redis-send-url).
+    #[arg(long, env = "HERALD_REDIS_STATUS_URL", value_delimiter = ',')]
+    #[serde(serialize_with = "mask_passwords")]
+    pub redis_status_url: Vec<String>,
+    #[command(flatten)]
+    pub pressure: PressureArgs,
     /// Largest request body in bytes; larger requests get 413.
     #[arg(long, env = "HERALD_API_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
     pub max_body_bytes: usize,
@@ -147,6 +158,20 @@ pub struct QueueArgs {
     /// Connections to each queue store.
     #[arg(long, env = "HERALD_REDIS_MAX_CONNECTIONS", default_value_t = 16)]
     pub redis_max_connections: usize,
+    #[command(flatten)]
+    pub pressure: PressureArgs,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct PressureArgs {
+    /// Memory use (used / maxmemory) at which a queue store counts as full: pollers stop
+    /// publishing to it and the API reports not ready until it drains below.
+    #[arg(long, env = "HERALD_QUEUE_FULL_THRESHOLD", default_value_t = 0.8)]
+    pub queue_full_threshold: f64,
+    /// How often each queue store's memory and streams are read.
+    #[arg(long, env = "HERALD_QUEUE_CHECK_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub queue_check_interval: Duration,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -224,6 +249,8 @@ pub struct WorkerArgs {
     /// Connections to the queue store.
     #[arg(long, env = "HERALD_REDIS_MAX_CONNECTIONS", default_value_t = 16)]
     pub redis_max_connections: usize,
+    #[command(flatten)]
+    pub pressure: PressureArgs,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, env = "HERALD_ADMIN_LISTEN", default_value = "127.0.0.1:9092")]
     pub admin_listen: SocketAddr,

@@ -48,6 +48,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .install_recorder()?;
     herald_store::metrics::describe();
     herald_queue::metrics::describe();
+    herald_queue::monitor::describe();
     herald_api::metrics::describe();
     herald_poller::metrics::describe();
     herald_worker::metrics::describe();

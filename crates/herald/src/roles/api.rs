@@ -43,9 +43,29 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     if state.api_keys.is_empty() {
         tracing::warn!("no API keys configured: /v1 is open to anyone who can reach it");
     }
+    // The queue stores are read for readiness only; the accept path never touches them.
+    let monitors_cancel = cancel.child_token();
+    let mut stores = Vec::new();
+    for (urls, job_type) in [
+        (&args.redis_send_url, herald_core::JobType::Send),
+        (&args.redis_status_url, herald_core::JobType::Status),
+    ] {
+        if !urls.is_empty() {
+            stores.extend(super::monitored_stores(
+                urls,
+                job_type,
+                2,
+                &args.pressure,
+                &monitors_cancel,
+            )?);
+        }
+    }
+    if stores.is_empty() {
+        tracing::warn!("no queue store URLs given: /readyz checks PostgreSQL only");
+    }
     let router = herald_api::router(state).merge(telemetry::admin_router(
         metrics,
-        super::database_ready(pool),
+        super::database_and_pressure_ready(pool, stores),
     ));
     telemetry::serve(args.listen, router, cancel).await
 }

@@ -92,6 +92,12 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
             &database_url,
         ],
         &["--database-max-connections", "32"],
+        &[
+            "--redis-send-url",
+            &send_redis.url(),
+            "--redis-status-url",
+            &status_redis.url(),
+        ],
         &common[..],
     ])?
     else {

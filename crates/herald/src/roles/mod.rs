@@ -13,6 +13,7 @@ pub mod worker;
 use std::sync::Arc;
 
 use herald_core::JobType;
+use herald_queue::monitor::MonitoredStore;
 use herald_queue::{QueueStore, StoreSettings};
 use herald_store::PoolSettings;
 use sqlx::PgPool;
@@ -40,18 +41,6 @@ pub async fn connect(database: &DatabaseArgs) -> anyhow::Result<PgPool> {
     Ok(pool)
 }
 
-/// Ready when PostgreSQL answers.
-pub fn database_ready(pool: PgPool) -> Readiness {
-    Arc::new(move || {
-        let pool = pool.clone();
-        Box::pin(async move {
-            herald_store::ping(&pool)
-                .await
-                .map_err(|err| format!("PostgreSQL: {err}"))
-        })
-    })
-}
-
 /// Ready when PostgreSQL and every queue store shard answer.
 pub fn database_and_queue_ready(pool: PgPool, stores: Vec<QueueStore>) -> Readiness {
     Arc::new(move || {
@@ -68,6 +57,51 @@ pub fn database_and_queue_ready(pool: PgPool, stores: Vec<QueueStore>) -> Readin
                     .map_err(|err| format!("queue store {}: {err}", store.stream_key()))?;
             }
             Ok(())
+        })
+    })
+}
+
+/// The queue stores of `job_type`, each read in the background (gauges, backpressure).
+pub fn monitored_stores(
+    urls: &[String],
+    job_type: JobType,
+    max_connections: usize,
+    pressure: &crate::cli::PressureArgs,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Vec<MonitoredStore>> {
+    if !(0.0 < pressure.queue_full_threshold && pressure.queue_full_threshold <= 1.0) {
+        return Err(ConfigError("--queue-full-threshold must be within (0, 1]".into()).into());
+    }
+    Ok(queue_stores(urls, job_type, max_connections)?
+        .into_iter()
+        .map(|store| {
+            MonitoredStore::start(
+                store,
+                pressure.queue_full_threshold,
+                pressure.queue_check_interval,
+                cancel.clone(),
+            )
+        })
+        .collect())
+}
+
+/// Ready when PostgreSQL answers and no queue store is full or unreachable.
+pub fn database_and_pressure_ready(pool: PgPool, stores: Vec<MonitoredStore>) -> Readiness {
+    Arc::new(move || {
+        let pool = pool.clone();
+        let reasons: Vec<String> = stores
+            .iter()
+            .filter_map(|s| s.describe_pressure())
+            .collect();
+        Box::pin(async move {
+            herald_store::ping(&pool)
+                .await
+                .map_err(|err| format!("PostgreSQL: {err}"))?;
+            if reasons.is_empty() {
+                Ok(())
+            } else {
+                Err(reasons.join("; "))
+            }
         })
     })
 }

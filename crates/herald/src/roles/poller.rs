@@ -34,24 +34,33 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
-    let send_stores = super::queue_stores(
-        &args.queue.redis_send_url,
+    let admin_cancel = CancellationToken::new();
+    let (queue, pressure) = (&args.queue, &args.queue.pressure);
+    let send_stores = super::monitored_stores(
+        &queue.redis_send_url,
         JobType::Send,
-        args.queue.redis_max_connections,
+        queue.redis_max_connections,
+        pressure,
+        &admin_cancel,
     )?;
-    let status_stores = super::queue_stores(
-        &args.queue.redis_status_url,
+    let status_stores = super::monitored_stores(
+        &queue.redis_status_url,
         JobType::Status,
-        args.queue.redis_max_connections,
+        queue.redis_max_connections,
+        pressure,
+        &admin_cancel,
     )?;
     let admin = telemetry::admin_router(
         metrics,
         super::database_and_queue_ready(
             pool.clone(),
-            send_stores.iter().chain(&status_stores).cloned().collect(),
+            send_stores
+                .iter()
+                .chain(&status_stores)
+                .map(|m| m.store.clone())
+                .collect(),
         ),
     );
-    let admin_cancel = CancellationToken::new();
     let admin_task = tokio::spawn(telemetry::serve(
         args.admin_listen,
         admin,

@@ -40,12 +40,21 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
     };
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
-    let stores = super::queue_stores(&args.redis_url, args.job_type, args.redis_max_connections)?;
+    let admin_cancel = CancellationToken::new();
+    let stores: Vec<_> = super::monitored_stores(
+        &args.redis_url,
+        args.job_type,
+        args.redis_max_connections,
+        &args.pressure,
+        &admin_cancel,
+    )?
+    .into_iter()
+    .map(|monitored| monitored.store)
+    .collect();
     let admin = telemetry::admin_router(
         metrics,
         super::database_and_queue_ready(pool.clone(), stores.clone()),
     );
-    let admin_cancel = CancellationToken::new();
     let admin_task = tokio::spawn(telemetry::serve(
         args.admin_listen,
         admin,

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use herald_testkit::{free_port, LocalEtcd, LocalPostgres, LocalRedis, RoleProcess};
+use herald_testkit::{free_port, LocalEtcd, LocalPostgres, LocalRedis, RedisOptions, RoleProcess};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +29,8 @@ pub struct Options {
     pub fleet: bool,
     /// Redis instances of the send job type (shards).
     pub send_shards: usize,
+    /// `maxmemory` of the send store (shard 0).
+    pub send_max_memory: Option<u64>,
 }
 
 impl Default for Options {
@@ -42,6 +44,7 @@ impl Default for Options {
             pollers: 1,
             fleet: false,
             send_shards: 1,
+            send_max_memory: None,
         }
     }
 }
@@ -68,9 +71,12 @@ pub struct Deployment {
 
 impl Deployment {
     pub async fn start(options: Options) -> Self {
+        let send_options = RedisOptions {
+            max_memory_bytes: options.send_max_memory.unwrap_or(256 << 20),
+        };
         let (pg, redis, status_redis, etcd) = tokio::join!(
             LocalPostgres::start(),
-            LocalRedis::start(),
+            LocalRedis::start_with(&send_options),
             LocalRedis::start(),
             LocalEtcd::start()
         );
@@ -145,7 +151,15 @@ impl Deployment {
             )
             .await;
 
-        let api = args(&["api", "--listen", &format!("127.0.0.1:{api_port}")]);
+        let api = args(&[
+            "api",
+            "--listen",
+            &format!("127.0.0.1:{api_port}"),
+            "--redis-send-url",
+            &send_urls,
+            "--redis-status-url",
+            &deployment.status_redis.url(),
+        ]);
         deployment
             .spawn("api", api, format!("{}/healthz", deployment.api_url))
             .await;
