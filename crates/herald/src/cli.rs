@@ -41,6 +41,8 @@ pub enum Command {
     ProviderSim(SimArgs),
     /// Prove that nothing was lost or doubled: compare the database with the provider's record.
     Verify(VerifyArgs),
+    /// Check pool and memory budgets on paper: PostgreSQL connections, Redis clients and memory.
+    Plan(PlanArgs),
     /// Run everything locally: PostgreSQL, Redis, etcd, every role, then a demo load.
     Dev(DevArgs),
 }
@@ -385,6 +387,16 @@ pub struct VerifyArgs {
     /// Print the report as JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct PlanArgs {
+    /// The deployment to check, as TOML (see examples/plan.toml).
+    #[arg(long, env = "HERALD_PLAN_CONFIG")]
+    pub config: PathBuf,
+    /// The fill level at which pollers pause publishing; peak memory must fit below it.
+    #[arg(long, env = "HERALD_QUEUE_FULL_THRESHOLD", default_value_t = 0.8)]
+    pub queue_full_threshold: f64,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]

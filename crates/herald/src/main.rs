@@ -57,6 +57,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Worker(args) => roles::worker::main(args).await,
         Command::ProviderSim(args) => roles::sim::main(args).await,
         Command::Verify(args) => roles::verify::main(args).await,
+        Command::Plan(args) => roles::plan::main(args).await,
         Command::Dev(args) => roles::dev::main(args).await,
     }
 }

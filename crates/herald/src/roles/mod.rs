@@ -5,6 +5,7 @@
 pub mod api;
 pub mod dev;
 pub mod migrate;
+pub mod plan;
 pub mod poller;
 pub mod sim;
 pub mod verify;

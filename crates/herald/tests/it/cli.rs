@@ -34,6 +34,7 @@ fn help_names_every_role_and_its_environment_variables() {
         ("provider-sim", "HERALD_SIM_ERROR_RATE"),
         ("dev", "HERALD_DEV_MESSAGES"),
         ("verify", "HERALD_PROVIDER_SIM_URL"),
+        ("plan", "HERALD_PLAN_CONFIG"),
     ] {
         let out = herald(&[role, "--help"]);
         assert!(out.status.success(), "{role} --help failed");
@@ -113,4 +114,52 @@ async fn migrate_refuses_another_partition_count() {
         stderr.contains("8 partitions") && stderr.contains("16"),
         "{stderr}"
     );
+}
+
+#[test]
+fn plan_checks_pool_and_memory_budgets() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/plan.toml");
+    let out = herald(&["plan", "--config", example]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("postgres connections") && text.contains("every budget fits"),
+        "{text}"
+    );
+
+    // Ten more send workers of 16 connections each do not fit in 200.
+    let dir = tempfile::tempdir().unwrap();
+    let crowded = dir.path().join("crowded.toml");
+    let config = std::fs::read_to_string(example).unwrap().replace(
+        "name = \"worker-send\"\nreplicas = 4",
+        "name = \"worker-send\"\nreplicas = 14",
+    );
+    std::fs::write(&crowded, config).unwrap();
+    let out = herald(&["plan", "--config", crowded.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("postgres connections") && text.contains("OVER"),
+        "{text}"
+    );
+    assert!(text.contains("worker-send 14x16"), "{text}");
+
+    // A backlog that does not fit below the pause threshold.
+    let full = dir.path().join("full.toml");
+    let config = std::fs::read_to_string(example).unwrap().replacen(
+        "peak_backlog_jobs = 500000",
+        "peak_backlog_jobs = 5000000",
+        1,
+    );
+    std::fs::write(&full, config).unwrap();
+    let out = herald(&["plan", "--config", full.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("redis send memory per shard"));
+
+    // A typo is a configuration error, not a silent default.
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "[postgres]\nmax_conections = 10\n").unwrap();
+    let out = herald(&["plan", "--config", typo.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_conections"));
 }
