@@ -255,6 +255,13 @@ impl QueueStore {
         .await
     }
 
+    /// Deletes every key of the store's database (benchmarks and tests only).
+    pub async fn flush_all(&self) -> Result<(), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let _: String = redis::cmd("FLUSHDB").query_async(&mut conn).await?;
+        Ok(())
+    }
+
     /// Entries in the stream (published and not yet acknowledged).
     pub async fn stream_length(&self) -> Result<u64, QueueError> {
         let mut conn = self.pool.get().await?;

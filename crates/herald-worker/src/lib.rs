@@ -73,6 +73,19 @@ pub async fn run<H: Handler>(
     cancel: CancellationToken,
 ) {
     let semaphore = Arc::new(Semaphore::new(settings.concurrency));
+    run_with_semaphore(stores, handler, settings, semaphore, cancel).await
+}
+
+/// [`run`] with a semaphore the caller owns. Giving two job types one semaphore rebuilds the
+/// shared worker server whose outage motivated one server per job type: the load tester uses
+/// it to show the starvation side by side with the bulkheads.
+pub async fn run_with_semaphore<H: Handler>(
+    stores: Vec<QueueStore>,
+    handler: Arc<H>,
+    settings: WorkerSettings,
+    semaphore: Arc<Semaphore>,
+    cancel: CancellationToken,
+) {
     if let Some(store) = stores.first() {
         ::metrics::gauge!(m::CONCURRENCY_LIMIT, "job_type" => store.job_type().as_str())
             .set(settings.concurrency as f64);
