@@ -243,6 +243,17 @@ impl Deployment {
         self.roles.push(role);
     }
 
+    /// Starts one more role on a free admin port (appended as `--admin-listen`) and returns
+    /// its admin base URL.
+    pub async fn spawn_with_admin(&mut self, name: &str, mut role_args: Vec<String>) -> String {
+        let port = free_port().unwrap();
+        let admin = format!("http://127.0.0.1:{port}");
+        role_args.extend(args(&["--admin-listen", &format!("127.0.0.1:{port}")]));
+        self.spawn(name, role_args, format!("{admin}/healthz"))
+            .await;
+        admin
+    }
+
     /// Every send shard's URL, shard 0 first.
     pub fn send_urls(&self) -> Vec<String> {
         std::iter::once(&self.redis)

@@ -151,34 +151,41 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
     .await;
     let counts = count_by_owner(&before);
     assert!(counts.values().all(|&n| n == 21 || n == 22), "{counts:?}");
-    for (i, name) in ["poller-0", "poller-1", "poller-2"].iter().enumerate() {
-        assert_eq!(owned_gauge(&herald, i).await, counts[*name] as f64);
-    }
-    // PostgreSQL records the epoch of each etcd ownership.
-    let recorded: Vec<(i32, String, i64)> =
-        sqlx::query_as("SELECT partition, owner, epoch FROM partition_leases ORDER BY partition")
-            .fetch_all(&herald.pool)
-            .await
-            .unwrap();
-    assert_eq!(recorded.len(), P as usize);
-    for (p, owner, epoch) in recorded {
-        assert_eq!(
-            (&owner, epoch),
-            (&before[&(p as u32)].owner, before[&(p as u32)].epoch)
+    // The pollers finish acquiring (epoch recorded, task started) just after etcd shows the
+    // keys: wait for their gauges and PostgreSQL to catch up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut gauges_match = true;
+        for (i, name) in ["poller-0", "poller-1", "poller-2"].iter().enumerate() {
+            gauges_match &= owned_gauge(&herald, i).await == counts[*name] as f64;
+        }
+        // PostgreSQL records the epoch of each etcd ownership.
+        let recorded: Vec<(i32, String, i64)> = sqlx::query_as(
+            "SELECT partition, owner, epoch FROM partition_leases ORDER BY partition",
+        )
+        .fetch_all(&herald.pool)
+        .await
+        .unwrap();
+        let epochs_match = recorded.len() == P as usize
+            && recorded.iter().all(|(p, owner, epoch)| {
+                let etcd = &before[&(*p as u32)];
+                (owner, *epoch) == (&etcd.owner, etcd.epoch)
+            });
+        if gauges_match && epochs_match {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gauges {gauges_match}, epochs {epochs_match}: {recorded:?}"
         );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     let load = Load::start(&herald, 20, Duration::from_millis(50));
-    let port = herald_testkit::free_port().unwrap();
-    herald
-        .poller_admins
-        .push(format!("http://127.0.0.1:{port}"));
     let fourth = args(&[
         "poller",
         "--poller-id",
         "poller-3",
-        "--admin-listen",
-        &format!("127.0.0.1:{port}"),
         "--redis-send-url",
         &herald.redis.url(),
         "--redis-status-url",
@@ -188,8 +195,8 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
         "--poll-interval",
         "100ms",
     ]);
-    let health = format!("http://127.0.0.1:{port}/healthz");
-    herald.spawn("poller-3", fourth, health).await;
+    let admin = herald.spawn_with_admin("poller-3", fourth).await;
+    herald.poller_admins.push(admin);
     let after = wait_stable(
         &coord,
         &["poller-0", "poller-1", "poller-2", "poller-3"],

@@ -215,23 +215,14 @@ async fn r3_a_poller_killed_between_publish_and_mark_does_not_lose_the_batch() {
     herald.redis.stop().await.unwrap();
     herald.redis.restart().await.unwrap();
 
-    let port = herald_testkit::free_port().unwrap();
     let poller = args(&[
         "poller",
-        "--admin-listen",
-        &format!("127.0.0.1:{port}"),
         "--redis-send-url",
         &herald.redis.url(),
         "--redis-status-url",
         &herald.status_redis.url(),
     ]);
-    herald
-        .spawn(
-            "poller-new",
-            poller,
-            format!("http://127.0.0.1:{port}/healthz"),
-        )
-        .await;
+    herald.spawn_with_admin("poller-new", poller).await;
     herald.role("worker").restart().await.unwrap();
     herald.wait_delivered(100, MINUTE).await;
     verify_ok(&herald).await;
@@ -446,25 +437,18 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
         "--provider-timeout",
         "300ms",
     ]);
-    let port = herald_testkit::free_port().unwrap();
     dead_worker.extend(args(&[
         "--max-attempts",
         "2",
         "--retry-base",
         "50ms",
-        "--admin-listen",
-        &format!("127.0.0.1:{port}"),
         "--redis-url",
         &herald.redis.url(),
         "--provider-url",
         &herald.sim_url,
     ]));
     herald
-        .spawn(
-            "impatient-worker",
-            dead_worker,
-            format!("http://127.0.0.1:{port}/healthz"),
-        )
+        .spawn_with_admin("impatient-worker", dead_worker)
         .await;
     herald.set_faults(0.0, 1.0).await;
     let redriven = send_n(&herald, "dead", 5).await;
@@ -601,25 +585,16 @@ async fn r6_an_unknown_status_is_parked_and_replayed_once_the_mapping_is_fixed()
         .terminate(Duration::from_secs(10))
         .await
         .unwrap());
-    let port = herald_testkit::free_port().unwrap();
     let fixed = args(&[
         "worker",
         "--job-type",
         "status",
         "--status-alias",
         "ACKD=DELIVRD",
-        "--admin-listen",
-        &format!("127.0.0.1:{port}"),
         "--redis-url",
         &herald.status_redis.url(),
     ]);
-    herald
-        .spawn(
-            "status-worker-fixed",
-            fixed,
-            format!("http://127.0.0.1:{port}/healthz"),
-        )
-        .await;
+    herald.spawn_with_admin("status-worker-fixed", fixed).await;
     for item in items {
         let url = format!("{}/v1/parking/{}/replay", herald.api_url, item["id"]);
         assert_eq!(herald.client.post(&url).send().await.unwrap().status(), 202);
