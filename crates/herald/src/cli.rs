@@ -33,11 +33,11 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Serve the HTTP API: accept messages into the outbox and answer their history.
     Api(ApiArgs),
-    /// Drain the outbox's partitions into the queue stores and re-drive stale rows.
+    /// Drain outbox partitions into the queue stores; with etcd, share them with other pollers.
     Poller(PollerArgs),
-    /// Consume one job type's queue store and run its handler (send: call the provider).
+    /// Consume one job type's queue store: send (call the provider) or status (apply receipts).
     Worker(WorkerArgs),
-    /// Run the simulated provider: a real HTTP server with latency, errors and timeouts.
+    /// Run the simulated provider: latency, errors, timeouts, and delivery receipts posted back.
     ProviderSim(SimArgs),
     /// Prove that nothing was lost or doubled: compare the database with the provider's record.
     Verify(VerifyArgs),
