@@ -261,15 +261,6 @@ impl QueueStore {
         let _: String = redis::cmd("FLUSHDB").query_async(&mut conn).await?;
         Ok(())
     }
-
-    /// Entries in the stream (published and not yet acknowledged).
-    pub async fn stream_length(&self) -> Result<u64, QueueError> {
-        let mut conn = self.pool.get().await?;
-        Ok(redis::cmd("XLEN")
-            .arg(&self.stream)
-            .query_async(&mut conn)
-            .await?)
-    }
 }
 
 fn decode(entry: StreamId) -> Delivery {

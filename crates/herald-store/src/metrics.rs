@@ -100,7 +100,7 @@ impl Operation {
             Operation::Retry => "Scheduling a retry after a failed provider call.",
             Operation::Fail => "Recording a permanent failure.",
             Operation::TakeLease => "Recording a partition's fencing epoch.",
-            Operation::Backlog => "Backlog gauge query.",
+            Operation::Backlog => "The partition overview query (owner, epoch, backlog).",
             Operation::ReceiptApply => {
                 "Applying a mapped receipt: status job DONE + the state event."
             }

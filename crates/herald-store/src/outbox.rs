@@ -384,43 +384,6 @@ fn tally(counts: Vec<(String, i64)>) -> Result<Redriven, StoreError> {
     Ok(redriven)
 }
 
-/// PENDING rows and the age of the oldest one, per partition that has any.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Backlog {
-    pub partition: u32,
-    pub pending: i64,
-    pub oldest_age_seconds: f64,
-}
-
-/// The PENDING backlog of the given partitions (served by the partial indexes).
-pub async fn pending_backlog(
-    pool: &PgPool,
-    partitions: &[u32],
-) -> Result<Vec<Backlog>, StoreError> {
-    let partitions: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
-    let rows: Vec<(i32, i64, f64)> = measured(
-        Operation::Backlog,
-        sqlx::query_as(
-            "SELECT partition, count(*),
-                    coalesce(extract(epoch FROM now() - min(created_at))::float8, 0)
-             FROM outbox
-             WHERE status = 'PENDING' AND partition = ANY($1)
-             GROUP BY partition",
-        )
-        .bind(&partitions)
-        .fetch_all(pool),
-    )
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(partition, pending, oldest_age_seconds)| Backlog {
-            partition: partition as u32,
-            pending,
-            oldest_age_seconds,
-        })
-        .collect())
-}
-
 /// One partition as operators see it: its recorded owner and epoch, and its backlog.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PartitionView {
