@@ -193,6 +193,9 @@ pub(crate) async fn list_partitions(State(state): State<ApiState>) -> Response {
     }
 }
 
+/// Commits `messages` in one transaction. Each accepted message gets a debug event carrying its
+/// id, the same `message_id` field the worker's span for its send carries.
+#[tracing::instrument(skip_all, fields(messages = messages.len()))]
 async fn commit(
     state: &ApiState,
     messages: &[NewMessage],
@@ -203,6 +206,9 @@ async fn commit(
             let created = accepted.iter().filter(|a| a.created).count() as u64;
             metrics::counter!(ACCEPTED).increment(created);
             metrics::counter!(REPLAYED).increment(accepted.len() as u64 - created);
+            for message in &accepted {
+                tracing::debug!(message_id = %message.id, created = message.created, "accepted");
+            }
             Ok(accepted)
         }
         Err(AcceptError::KeyConflict { index, key }) => {

@@ -10,8 +10,43 @@ pub const REJECTED: &str = "herald_api_rejected_total";
 pub const RECEIPTS: &str = "herald_receipts_received_total";
 /// Accept requests (single and batch), end to end inside the handler.
 pub const REQUEST_DURATION: &str = "herald_api_request_duration_seconds";
+/// Outbox rows still owed work (PENDING, PROCESSING, PUBLISHED), by partition.
+pub const BACKLOG_ROWS: &str = "herald_outbox_backlog_rows";
+/// Age of each partition's oldest PENDING row; 0 when it has none.
+pub const OLDEST_PENDING_AGE: &str = "herald_outbox_oldest_pending_age_seconds";
+/// Outbox rows in DEAD now.
+pub const DEAD_ROWS: &str = "herald_outbox_dead_rows";
+/// The partition count fixed at install.
+pub const PARTITIONS: &str = "herald_outbox_partitions";
+
+/// The `reason` values of [`REJECTED`] (problem type slugs) registered at zero on start, so
+/// a rate of refusals reads 0 rather than nothing. Rarer slugs appear when first counted.
+pub const REJECTED_REASONS: [&str; 8] = [
+    "malformed-json",
+    "invalid-field",
+    "body-too-large",
+    "unsupported-media-type",
+    "idempotency-key-conflict",
+    "not-found",
+    "unavailable",
+    "unauthorized",
+];
 
 pub fn describe() {
+    metrics::describe_gauge!(
+        BACKLOG_ROWS,
+        "Outbox rows not yet DONE or DEAD (PENDING, PROCESSING, PUBLISHED), by partition."
+    );
+    metrics::describe_gauge!(
+        OLDEST_PENDING_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest PENDING outbox row, by partition; 0 when none."
+    );
+    metrics::describe_gauge!(DEAD_ROWS, "Outbox rows in DEAD, waiting for an operator.");
+    metrics::describe_gauge!(
+        PARTITIONS,
+        "The outbox's partition count, fixed at install."
+    );
     metrics::describe_counter!(ACCEPTED, "Messages committed with their outbox row.");
     metrics::describe_counter!(
         REPLAYED,
@@ -24,4 +59,13 @@ pub fn describe() {
         metrics::Unit::Seconds,
         "API request handling, by route."
     );
+    for route in ["accept", "accept_batch"] {
+        let _ = metrics::histogram!(REQUEST_DURATION, "route" => route);
+    }
+    for counter in [ACCEPTED, REPLAYED, RECEIPTS] {
+        metrics::counter!(counter).increment(0);
+    }
+    for reason in REJECTED_REASONS {
+        metrics::counter!(REJECTED, "reason" => reason).increment(0);
+    }
 }

@@ -58,4 +58,27 @@ pub fn describe() {
         herald_coord::membership::RENEW_FAILURES,
         "Lease renewals that did not get through."
     );
+    for counter in [
+        CLAIMED,
+        MARKED,
+        FENCING_REJECTIONS,
+        ACQUISITIONS,
+        RELEASES,
+        LEASE_LOSSES,
+        herald_coord::membership::RENEW_FAILURES,
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
+    let _ = metrics::histogram!(REDRIVE_PASS_DURATION);
+    let _ = metrics::histogram!(HANDOFF_GAP);
+    for to in ["pending", "dead"] {
+        metrics::counter!(REDRIVEN, "to" => to).increment(0);
+    }
+    for reason in ["oom", "error"] {
+        metrics::counter!(PUBLISH_FAILURES, "reason" => reason).increment(0);
+    }
+    for job_type in herald_core::JobType::ALL {
+        metrics::counter!(PUBLISHED, "job_type" => job_type.as_str()).increment(0);
+        metrics::counter!(PUBLISH_PAUSED, "job_type" => job_type.as_str()).increment(0);
+    }
 }

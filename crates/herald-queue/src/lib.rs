@@ -47,6 +47,18 @@ pub struct Delivery {
     pub job: Result<Job, String>,
 }
 
+/// A Redis connection pool's state at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub max_size: usize,
+    /// Open connections, idle or in use.
+    pub size: usize,
+    /// Idle connections.
+    pub available: usize,
+    /// Callers waiting for a connection.
+    pub waiting: usize,
+}
+
 /// One shard of a job type's queue store: its stream and consumer group.
 #[derive(Clone)]
 pub struct QueueStore {
@@ -90,6 +102,17 @@ impl QueueStore {
 
     pub fn shard(&self) -> u32 {
         self.shard
+    }
+
+    /// The connection pool's state now: its limit, open connections, idle ones and waiters.
+    pub fn pool_status(&self) -> PoolStatus {
+        let status = self.pool.status();
+        PoolStatus {
+            max_size: status.max_size,
+            size: status.size,
+            available: status.available,
+            waiting: status.waiting,
+        }
     }
 
     /// The stream's key (for operators and tests).

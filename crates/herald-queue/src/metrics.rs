@@ -37,6 +37,13 @@ pub fn describe() {
         "Redis operations, by operation."
     );
     metrics::describe_counter!(REDIS_ERRORS, "Failed Redis operations, by operation.");
+    for op in [RedisOp::Publish, RedisOp::Ack] {
+        let _ = metrics::histogram!(REDIS_DURATION, "operation" => op.label());
+        metrics::counter!(REDIS_ERRORS, "operation" => op.label()).increment(0);
+    }
+    for job_type in herald_core::JobType::ALL {
+        let _ = metrics::histogram!(PUBLISH_DURATION, "job_type" => job_type.as_str());
+    }
 }
 
 pub(crate) async fn measured<T, E, F>(op: RedisOp, fut: F) -> Result<T, E>

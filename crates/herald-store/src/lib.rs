@@ -5,6 +5,7 @@
 //! explicitly so the caller sees where transactions begin and end.
 
 pub mod accept;
+pub mod backlog;
 pub mod effects;
 pub mod leases;
 pub mod messages;

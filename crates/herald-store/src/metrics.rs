@@ -100,7 +100,7 @@ impl Operation {
             Operation::Retry => "Scheduling a retry after a failed provider call.",
             Operation::Fail => "Recording a permanent failure.",
             Operation::TakeLease => "Recording a partition's fencing epoch.",
-            Operation::Backlog => "The partition overview query (owner, epoch, backlog).",
+            Operation::Backlog => "The partition overview and backlog gauge queries.",
             Operation::ReceiptApply => {
                 "Applying a mapped receipt: status job DONE + the state event."
             }
@@ -120,6 +120,14 @@ pub fn describe() {
         DEAD,
         "Outbox rows that became DEAD, by stage (redrive, stale_claim, retry)."
     );
+    // Registered empty, so every stage shows from the first scrape (a zero count, not nothing).
+    for op in Operation::ALL {
+        let _ = metrics::histogram!(op.histogram());
+        metrics::counter!(STORE_ERRORS, "operation" => op.label()).increment(0);
+    }
+    for stage in ["redrive", "stale_claim", "retry"] {
+        metrics::counter!(DEAD, "stage" => stage).increment(0);
+    }
 }
 
 /// Runs `fut`, recording its duration under `op` and counting it when it fails.

@@ -8,11 +8,13 @@ pub mod etcd;
 pub mod packages;
 pub mod postgres;
 pub mod process;
+pub mod prometheus;
 pub mod redis;
 pub mod role;
 
 pub use etcd::LocalEtcd;
 pub use postgres::{LocalPostgres, PostgresOptions};
+pub use prometheus::{LocalPrometheus, ScrapeJob};
 pub use redis::{LocalRedis, RedisOptions};
 pub use role::RoleProcess;
 

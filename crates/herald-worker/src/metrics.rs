@@ -16,10 +16,43 @@ pub const RECEIPT_STATES: &str = "herald_receipt_states_total";
 pub const PARKED: &str = "herald_parked_total";
 /// Messages marked UNKNOWN by reconciliation.
 pub const UNKNOWN: &str = "herald_unknown_total";
+/// Ownership confirmations (outbox DONE + message CLAIMED in one transaction), by job type.
+pub const CONFIRMED: &str = "herald_ownership_confirmed_total";
 pub const IN_FLIGHT: &str = "herald_worker_jobs_in_flight";
 pub const CONCURRENCY_LIMIT: &str = "herald_worker_concurrency_limit";
 
+/// The `outcome` values of [`JOBS`] for sends and for receipts.
+pub const SEND_OUTCOMES: [&str; 11] = [
+    "accepted",
+    "accepted_again",
+    "already_accepted",
+    "rejected",
+    "rejected_internal",
+    "retry",
+    "retry_not_owned",
+    "dead",
+    "stale_copy",
+    "store_error",
+    "wrong_job_type",
+];
+pub const STATUS_OUTCOMES: [&str; 6] = [
+    "applied",
+    "parked",
+    "deferred",
+    "stale_copy",
+    "store_error",
+    "wrong_job_type",
+];
+/// The `state` values of [`RECEIPT_STATES`].
+pub const RECEIPT_STATE_VALUES: [&str; 4] = ["ENROUTE", "DELIVERED", "UNDELIVERED", "EXPIRED"];
+/// The `outcome` values of [`PROVIDER_CALLS`].
+pub const PROVIDER_OUTCOMES: [&str; 3] = ["accepted", "rejected", "transient"];
+
 pub fn describe() {
+    metrics::describe_counter!(
+        CONFIRMED,
+        "Ownership confirmations (outbox DONE + message CLAIMED), by job type."
+    );
     metrics::describe_counter!(JOBS, "Jobs handled, by job type and outcome.");
     metrics::describe_counter!(PROVIDER_CALLS, "Provider submits, by outcome.");
     metrics::describe_histogram!(
@@ -47,4 +80,29 @@ pub fn describe() {
         CONCURRENCY_LIMIT,
         "The worker's concurrency limit, by job type."
     );
+    register_at_zero();
+}
+
+/// Registers every counter with each of its label values at zero, so `rate()` and `increase()`
+/// read 0 from the first scrape instead of nothing.
+fn register_at_zero() {
+    for (job_type, outcomes) in [
+        ("send", &SEND_OUTCOMES[..]),
+        ("status", &STATUS_OUTCOMES[..]),
+    ] {
+        for outcome in outcomes {
+            metrics::counter!(JOBS, "job_type" => job_type, "outcome" => *outcome).increment(0);
+        }
+        for counter in [RECLAIMED, READ_ERRORS, MALFORMED, PARKED, CONFIRMED] {
+            metrics::counter!(counter, "job_type" => job_type).increment(0);
+        }
+    }
+    for state in RECEIPT_STATE_VALUES {
+        metrics::counter!(RECEIPT_STATES, "state" => state).increment(0);
+    }
+    for outcome in PROVIDER_OUTCOMES {
+        metrics::counter!(PROVIDER_CALLS, "outcome" => outcome).increment(0);
+    }
+    metrics::counter!(UNKNOWN).increment(0);
+    let _ = metrics::histogram!(PROVIDER_CALL_DURATION);
 }

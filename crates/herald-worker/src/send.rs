@@ -105,6 +105,7 @@ impl SendHandler {
             outcome("stale_copy");
             return Ok(());
         };
+        ::metrics::counter!(m::CONFIRMED, "job_type" => "send").increment(1);
         tracing::Span::current().record("message_id", tracing::field::display(owned.message_id));
         if owned.already_accepted {
             outcome("already_accepted");

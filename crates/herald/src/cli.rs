@@ -132,6 +132,11 @@ pub struct ApiArgs {
     )]
     #[serde(serialize_with = "mask_all")]
     pub api_keys: Vec<String>,
+    /// How often the API reads the outbox backlog for its gauges (backlog rows and oldest
+    /// PENDING age per partition, DEAD rows). Every API replica reads it; one query each time.
+    #[arg(long, env = "HERALD_BACKLOG_GAUGE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub backlog_gauge_interval: Duration,
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -52,6 +52,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     herald_api::metrics::describe();
     herald_poller::metrics::describe();
     herald_worker::metrics::describe();
+    describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         loop {
@@ -63,12 +64,86 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
+/// 1 when the role's `/readyz` would answer 200, else 0, by role.
+pub const READY: &str = "herald_ready";
+/// A connection pool's limit, by pool (`postgres`, `redis`; Redis pools also by job type and
+/// shard).
+pub const POOL_MAX: &str = "herald_pool_max_connections";
+/// Open connections of a pool, idle or in use.
+pub const POOL_OPEN: &str = "herald_pool_connections";
+pub const POOL_IN_USE: &str = "herald_pool_in_use_connections";
+/// Callers waiting for a connection (Redis pools; sqlx does not expose its waiters).
+pub const POOL_WAITERS: &str = "herald_pool_waiters";
+
+fn describe() {
+    metrics::describe_gauge!(
+        READY,
+        "1 when the role's /readyz answers 200, else 0, by role."
+    );
+    metrics::describe_gauge!(POOL_MAX, "A connection pool's limit, by pool.");
+    metrics::describe_gauge!(POOL_OPEN, "Open connections of a pool, idle or in use.");
+    metrics::describe_gauge!(POOL_IN_USE, "Connections of a pool in use now.");
+    metrics::describe_gauge!(
+        POOL_WAITERS,
+        "Callers waiting for a Redis pool connection, by job type and shard."
+    );
+}
+
+/// What a role's gauges watch besides its own work: readiness and its connection pools.
+pub struct Watched {
+    pub role: &'static str,
+    pub readiness: Readiness,
+    pub postgres: Option<sqlx::PgPool>,
+    pub redis: Vec<herald_queue::QueueStore>,
+}
+
+/// Sets `herald_ready` and the pool gauges every `interval` until `cancel`, so an alert on
+/// readiness does not depend on somebody probing `/readyz`.
+pub fn spawn_role_gauges(watched: Watched, interval: Duration, cancel: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            let ready = matches!(
+                tokio::time::timeout(Duration::from_secs(2), (watched.readiness)()).await,
+                Ok(Ok(()))
+            );
+            metrics::gauge!(READY, "role" => watched.role).set(if ready { 1.0 } else { 0.0 });
+            if let Some(pool) = &watched.postgres {
+                let (open, idle) = (pool.size() as f64, pool.num_idle() as f64);
+                let max = pool.options().get_max_connections() as f64;
+                metrics::gauge!(POOL_MAX, "pool" => "postgres").set(max);
+                metrics::gauge!(POOL_OPEN, "pool" => "postgres").set(open);
+                metrics::gauge!(POOL_IN_USE, "pool" => "postgres").set(open - idle);
+            }
+            for store in &watched.redis {
+                let status = store.pool_status();
+                let labels = [
+                    ("pool", "redis".to_owned()),
+                    ("job_type", store.job_type().as_str().to_owned()),
+                    ("shard", store.shard().to_string()),
+                ];
+                metrics::gauge!(POOL_MAX, &labels).set(status.max_size as f64);
+                metrics::gauge!(POOL_OPEN, &labels).set(status.size as f64);
+                let in_use = status.size.saturating_sub(status.available);
+                metrics::gauge!(POOL_IN_USE, &labels).set(in_use as f64);
+                metrics::gauge!(POOL_WAITERS, &labels).set(status.waiting as f64);
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    });
+}
+
+/// How often [`spawn_role_gauges`] reads readiness and the pools.
+pub const ROLE_GAUGE_INTERVAL: Duration = Duration::from_secs(2);
+
 /// A readiness check: `Err(reason)` turns `/readyz` into 503 with the reason.
 pub type Readiness =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 /// `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`.
-pub fn admin_router(handle: PrometheusHandle, readiness: Readiness) -> Router {
+pub fn admin_router(handle: PrometheusHandle, role: &'static str, readiness: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -76,7 +151,10 @@ pub fn admin_router(handle: PrometheusHandle, readiness: Readiness) -> Router {
             get(move || {
                 let readiness = readiness.clone();
                 async move {
-                    match tokio::time::timeout(Duration::from_secs(2), readiness()).await {
+                    let answer = tokio::time::timeout(Duration::from_secs(2), readiness()).await;
+                    let ready = matches!(answer, Ok(Ok(())));
+                    metrics::gauge!(READY, "role" => role).set(if ready { 1.0 } else { 0.0 });
+                    match answer {
                         Ok(Ok(())) => (StatusCode::OK, "ready\n".to_owned()),
                         Ok(Err(reason)) => (
                             StatusCode::SERVICE_UNAVAILABLE,

@@ -63,9 +63,56 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     if stores.is_empty() {
         tracing::warn!("no queue store URLs given: /readyz checks PostgreSQL only");
     }
-    let router = herald_api::router(state).merge(telemetry::admin_router(
-        metrics,
-        super::database_and_pressure_ready(pool, stores),
+    tokio::spawn(export_backlog(
+        pool.clone(),
+        partitions.get(),
+        args.backlog_gauge_interval,
+        monitors_cancel.clone(),
     ));
+    let redis = stores.iter().map(|m| m.store.clone()).collect();
+    let readiness = super::database_and_pressure_ready(pool.clone(), stores);
+    telemetry::spawn_role_gauges(
+        telemetry::Watched {
+            role: "api",
+            readiness: readiness.clone(),
+            postgres: Some(pool),
+            redis,
+        },
+        telemetry::ROLE_GAUGE_INTERVAL,
+        monitors_cancel,
+    );
+    let router =
+        herald_api::router(state).merge(telemetry::admin_router(metrics, "api", readiness));
     telemetry::serve(args.listen, router, cancel).await
+}
+
+/// Sets the backlog gauges every `interval` until `cancel`: one query over the rows a partial
+/// index covers. A failed read keeps the last values (and is counted by the store).
+async fn export_backlog(
+    pool: sqlx::PgPool,
+    partitions: u32,
+    interval: std::time::Duration,
+    cancel: CancellationToken,
+) {
+    use herald_api::metrics as m;
+    ::metrics::gauge!(m::PARTITIONS).set(partitions as f64);
+    while !cancel.is_cancelled() {
+        match herald_store::backlog::outbox_backlog(&pool, partitions).await {
+            Ok(backlog) => {
+                for p in &backlog.partitions {
+                    let partition = p.partition.to_string();
+                    ::metrics::gauge!(m::BACKLOG_ROWS, "partition" => partition.clone())
+                        .set(p.rows as f64);
+                    ::metrics::gauge!(m::OLDEST_PENDING_AGE, "partition" => partition)
+                        .set(p.oldest_pending_age_seconds);
+                }
+                ::metrics::gauge!(m::DEAD_ROWS).set(backlog.dead_rows as f64);
+            }
+            Err(err) => tracing::warn!(error = %err, "reading the outbox backlog failed"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
 }

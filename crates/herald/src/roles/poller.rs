@@ -50,17 +50,23 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         pressure,
         &admin_cancel,
     )?;
-    let admin = telemetry::admin_router(
-        metrics,
-        super::database_and_queue_ready(
-            pool.clone(),
-            send_stores
-                .iter()
-                .chain(&status_stores)
-                .map(|m| m.store.clone())
-                .collect(),
-        ),
+    let redis: Vec<_> = send_stores
+        .iter()
+        .chain(&status_stores)
+        .map(|m| m.store.clone())
+        .collect();
+    let readiness = super::database_and_queue_ready(pool.clone(), redis.clone());
+    telemetry::spawn_role_gauges(
+        telemetry::Watched {
+            role: "poller",
+            readiness: readiness.clone(),
+            postgres: Some(pool.clone()),
+            redis,
+        },
+        telemetry::ROLE_GAUGE_INTERVAL,
+        admin_cancel.clone(),
     );
+    let admin = telemetry::admin_router(metrics, "poller", readiness);
     let admin_task = tokio::spawn(telemetry::serve(
         args.admin_listen,
         admin,

@@ -48,6 +48,20 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
     let router =
         herald_provider_sim::router(settings).map_err(|err| ConfigError(err.to_string()))?;
     let always_ready: telemetry::Readiness = Arc::new(|| Box::pin(async { Ok(()) }));
-    let router = router.merge(telemetry::admin_router(metrics, always_ready));
+    telemetry::spawn_role_gauges(
+        telemetry::Watched {
+            role: "provider_sim",
+            readiness: always_ready.clone(),
+            postgres: None,
+            redis: Vec::new(),
+        },
+        telemetry::ROLE_GAUGE_INTERVAL,
+        cancel.clone(),
+    );
+    let router = router.merge(telemetry::admin_router(
+        metrics,
+        "provider_sim",
+        always_ready,
+    ));
     telemetry::serve(args.listen, router, cancel).await
 }

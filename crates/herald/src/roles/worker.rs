@@ -51,10 +51,22 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
     .into_iter()
     .map(|monitored| monitored.store)
     .collect();
-    let admin = telemetry::admin_router(
-        metrics,
-        super::database_and_queue_ready(pool.clone(), stores.clone()),
+    let readiness = super::database_and_queue_ready(pool.clone(), stores.clone());
+    let role = match args.job_type {
+        JobType::Send => "worker_send",
+        JobType::Status => "worker_status",
+    };
+    telemetry::spawn_role_gauges(
+        telemetry::Watched {
+            role,
+            readiness: readiness.clone(),
+            postgres: Some(pool.clone()),
+            redis: stores.clone(),
+        },
+        telemetry::ROLE_GAUGE_INTERVAL,
+        admin_cancel.clone(),
     );
+    let admin = telemetry::admin_router(metrics, role, readiness);
     let admin_task = tokio::spawn(telemetry::serve(
         args.admin_listen,
         admin,

@@ -69,7 +69,11 @@ async fn a_full_store_pauses_publishing_and_readiness_says_why_and_nothing_is_lo
     let mut sent = 0usize;
     let reason = loop {
         let ids = herald.send(2_000, 1000, 2).await;
-        assert_eq!(ids.len(), 2_000, "the API keeps accepting while the store fills");
+        assert_eq!(
+            ids.len(),
+            2_000,
+            "the API keeps accepting while the store fills"
+        );
         sent += ids.len();
         let full = async {
             for _ in 0..10 {
@@ -95,7 +99,11 @@ async fn a_full_store_pauses_publishing_and_readiness_says_why_and_nothing_is_lo
     );
     // Once the store is full, newly accepted messages wait PENDING in the outbox.
     let ids = herald.send(4_000, 1000, 2).await;
-    assert_eq!(ids.len(), 4_000, "the API keeps accepting while the store is full");
+    assert_eq!(
+        ids.len(),
+        4_000,
+        "the API keeps accepting while the store is full"
+    );
     sent += ids.len();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pending: i64 = sqlx::query_scalar(

@@ -5,6 +5,7 @@ mod bulkheads;
 mod cli;
 mod deployment;
 mod fleet;
+mod observability;
 mod pipeline;
 mod rules;
 
