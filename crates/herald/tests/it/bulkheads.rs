@@ -133,7 +133,13 @@ async fn a_full_store_pauses_publishing_and_readiness_says_why_and_nothing_is_lo
     let ratio = herald
         .metric(&herald.poller_admins[0], "herald_queue_memory_ratio")
         .await;
-    assert!(ratio >= 0.8, "memory ratio gauge {ratio}");
+    // Publishing pauses at 80 % and resumes below it, so the store hovers around the
+    // threshold: the gauge must say so, and agree with a direct reading.
+    let direct = stats.used_memory as f64 / stats.max_memory as f64;
+    assert!(
+        ratio >= 0.7 && (ratio - direct).abs() < 0.1,
+        "memory ratio gauge {ratio}, direct reading {direct}"
+    );
     // The API process is fine: only readiness changed.
     assert_eq!(
         herald
