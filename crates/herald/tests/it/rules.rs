@@ -136,7 +136,7 @@ async fn r1_the_api_accepts_while_redis_is_down_and_everything_is_delivered_afte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r3_a_redis_restart_before_workers_took_the_jobs_is_redriven() {
     let mut herald = Deployment::start(Options {
-        poller_flags: args(&["--stale-after", "3s", "--redrive-interval", "500ms"]),
+        poller_flags: args(&["--stale-after", "10s", "--redrive-interval", "500ms"]),
         ..Options::default()
     })
     .await;
