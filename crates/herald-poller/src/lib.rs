@@ -18,7 +18,7 @@ use herald_queue::monitor::MonitoredStore;
 use herald_store::accept::OUTBOX_CHANNEL;
 use herald_store::outbox::{claim_pending_of, mark_published, redrive_stale, release_unpublished};
 use sqlx::PgPool;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
@@ -43,6 +43,9 @@ pub struct PollerSettings {
     pub stale_claim_after: Duration,
     /// Pause after the queue store refused a publish.
     pub publish_backoff: Duration,
+    /// Most publishes in flight at once over all partitions (0: no limit, one per owned
+    /// partition). 1 rebuilds the serial publisher Herald started from, for comparison.
+    pub publish_concurrency: usize,
 }
 
 impl Default for PollerSettings {
@@ -56,6 +59,7 @@ impl Default for PollerSettings {
             max_attempts: 10,
             stale_claim_after: Duration::from_secs(300),
             publish_backoff: Duration::from_secs(1),
+            publish_concurrency: 0,
         }
     }
 }
@@ -66,6 +70,8 @@ pub struct Poller {
     pool: PgPool,
     stores: Arc<HashMap<JobType, Vec<MonitoredStore>>>,
     settings: PollerSettings,
+    /// Bounds publishes over all partitions when `publish_concurrency` is set.
+    publish_slots: Option<Arc<Semaphore>>,
 }
 
 /// How one drain of a partition ended.
@@ -89,10 +95,13 @@ impl Poller {
         stores: HashMap<JobType, Vec<MonitoredStore>>,
         settings: PollerSettings,
     ) -> Self {
+        let publish_slots = (settings.publish_concurrency > 0)
+            .then(|| Arc::new(Semaphore::new(settings.publish_concurrency)));
         Self {
             pool,
             stores: Arc::new(stores),
             settings,
+            publish_slots,
         }
     }
 
@@ -198,7 +207,13 @@ impl Poller {
             ::metrics::counter!(m::CLAIMED).increment(jobs.len() as u64);
             let claimed = jobs.len();
             let ids: Vec<i64> = jobs.iter().map(|job| job.outbox_id).collect();
-            if let Err(err) = self.publish(&jobs).await {
+            let slot = match &self.publish_slots {
+                Some(slots) => Some(slots.acquire().await?),
+                None => None,
+            };
+            let published = self.publish(&jobs).await;
+            drop(slot);
+            if let Err(err) = published {
                 let reason = if format!("{err:#}").contains("OOM") {
                     "oom"
                 } else {

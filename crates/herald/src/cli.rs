@@ -216,6 +216,10 @@ pub struct PollerArgs {
     /// Batches drained from one partition before it yields.
     #[arg(long, env = "HERALD_POLLER_MAX_BATCHES_PER_TICK", default_value_t = 20)]
     pub max_batches_per_tick: u32,
+    /// Most batches being published at once over all owned partitions (0: no limit, every
+    /// partition publishes on its own). 1 is the serial publisher of Herald's first version.
+    #[arg(long, env = "HERALD_POLLER_PUBLISH_CONCURRENCY", default_value_t = 0)]
+    pub publish_concurrency: usize,
     /// Longest an idle partition waits before claiming again (NOTIFY wakes it sooner).
     #[arg(long, env = "HERALD_POLLER_POLL_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
