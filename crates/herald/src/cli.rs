@@ -401,11 +401,22 @@ pub struct VerifyArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct PlanArgs {
     /// The deployment to check, as TOML (see examples/plan.toml).
-    #[arg(long, env = "HERALD_PLAN_CONFIG")]
-    pub config: PathBuf,
-    /// The fill level at which pollers pause publishing; peak memory must fit below it.
-    #[arg(long, env = "HERALD_QUEUE_FULL_THRESHOLD", default_value_t = 0.8)]
-    pub queue_full_threshold: f64,
+    #[arg(
+        long,
+        env = "HERALD_PLAN_CONFIG",
+        required_unless_present = "values",
+        conflicts_with = "values"
+    )]
+    pub config: Option<PathBuf>,
+    /// Instead of --config: the Helm chart's values files, merged as Helm merges them (later
+    /// files win), e.g. `--values helm/herald/values.yaml --values mine.yaml`; the release
+    /// they describe is checked, each Deployment at its most replicas plus one surge pod.
+    #[arg(long = "values", env = "HERALD_PLAN_VALUES", value_delimiter = ',')]
+    pub values: Vec<PathBuf>,
+    /// The fill level at which pollers pause publishing; peak memory must fit below it
+    /// (default: 0.8, or queueFullThreshold of the values files).
+    #[arg(long, env = "HERALD_QUEUE_FULL_THRESHOLD")]
+    pub queue_full_threshold: Option<f64>,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]

@@ -1,6 +1,8 @@
 //! `herald plan`: the pool and memory budgets of a whole deployment, on paper, before a run.
+//! The deployment is described by a TOML file (`--config`) or by the Helm chart's values files
+//! (`--values`), which are read into the same plan.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -76,9 +78,35 @@ struct Line {
     detail: String,
 }
 
+/// The fill level at which pollers pause publishing, unless a flag or the values say otherwise.
+const DEFAULT_QUEUE_FULL_THRESHOLD: f64 = 0.8;
+
 pub async fn main(args: PlanArgs) -> anyhow::Result<i32> {
-    let plan = load(&args.config)?;
-    let lines = budgets(&plan, args.queue_full_threshold)?;
+    let (plan, threshold) = match &args.config {
+        Some(path) => (
+            load(path)?,
+            args.queue_full_threshold
+                .unwrap_or(DEFAULT_QUEUE_FULL_THRESHOLD),
+        ),
+        None => {
+            let release = chart::load(&args.values)?;
+            println!(
+                "release of {}: each Deployment at its most replicas (the autoscaler's maximum) plus one surge pod",
+                release.sources
+            );
+            let threshold = args
+                .queue_full_threshold
+                .unwrap_or(release.queue_full_threshold);
+            (release.plan, threshold)
+        }
+    };
+    if !(threshold > 0.0 && threshold <= 1.0) {
+        return Err(ConfigError(format!(
+            "the queue full threshold must be above 0 and at most 1, not {threshold}"
+        ))
+        .into());
+    }
+    let lines = budgets(&plan, threshold)?;
     println!(
         "{:<34} {:>14} {:>14} {:>7}  detail",
         "budget", "needed", "limit", "use"
@@ -190,3 +218,5 @@ fn budgets(plan: &Plan, threshold: f64) -> anyhow::Result<Vec<Line>> {
     }
     Ok(lines)
 }
+
+mod chart;

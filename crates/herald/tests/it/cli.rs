@@ -163,3 +163,80 @@ fn plan_checks_pool_and_memory_budgets() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_conections"));
 }
+
+#[test]
+fn plan_checks_the_budgets_of_a_helm_release() {
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../../helm/herald");
+    let defaults = format!("{chart}/values.yaml");
+    let plan = |files: &[&str]| {
+        let mut args = vec!["plan"];
+        for file in files {
+            args.extend(["--values", file]);
+        }
+        herald(&args)
+    };
+
+    // Every Deployment counts one surge pod: api 2+1, poller 2+1 (16 + 1 LISTEN), workers 2+1.
+    let out = plan(&[&defaults]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "api 3x16 + poller 3x17 + worker-send 3x16 + worker-status 3x16 + 3 reserved"
+        ) && text.contains("every budget fits"),
+        "{text}"
+    );
+    for example in ["small", "large"] {
+        let file = format!("{chart}/examples/{example}.yaml");
+        let out = plan(&[&defaults, &file]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{example}: {text}");
+    }
+    // large: KEDA's maximum (16) plus a surge pod; four send shards share the send backlog.
+    let large = format!("{chart}/examples/large.yaml");
+    let text = String::from_utf8_lossy(&plan(&[&defaults, &large]).stdout).into_owned();
+    assert!(text.contains("poller 17x17"), "{text}");
+    assert!(text.contains("5000000 jobs x 256 B"), "{text}");
+
+    // Later files win; the autoscaler's maximum is capped at the partition count.
+    let dir = tempfile::tempdir().unwrap();
+    let crowded = dir.path().join("crowded.yaml");
+    std::fs::write(
+        &crowded,
+        "partitions: 8\npoller:\n  autoscaling:\n    enabled: true\n    maxReplicas: 50\n\
+         workers:\n  send:\n    replicas: 20\n",
+    )
+    .unwrap();
+    let out = plan(&[&defaults, crowded.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("poller 9x17") && text.contains("worker-send 21x16") && text.contains("OVER"),
+        "{text}"
+    );
+
+    // External shards are counted from their URLs; memory is checked per shard.
+    let full = dir.path().join("full.yaml");
+    std::fs::write(
+        &full,
+        "redis:\n  status:\n    maxmemoryMb: 64\n    peakBacklogJobs: 1000000\n    external:\n      \
+         urls: [\"redis://a:6379/\", \"redis://b:6379/\"]\n",
+    )
+    .unwrap();
+    let out = plan(&[&defaults, full.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("redis status memory per shard") && text.contains("500000 jobs x 256 B"),
+        "{text}"
+    );
+
+    // Without the chart's defaults a value is missing: a configuration error, not a guess.
+    let out = plan(&[crowded.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("values.yaml"));
+    // --config and --values are one or the other.
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/plan.toml");
+    let out = herald(&["plan", "--config", example, "--values", &defaults]);
+    assert_eq!(out.status.code(), Some(64));
+}

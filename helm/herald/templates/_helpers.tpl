@@ -1,0 +1,343 @@
+{{/* Names */}}
+{{- define "herald.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "herald.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 36 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 36 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 36 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "herald.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels. Call with (dict "root" $ "component" "api"). */}}
+{{- define "herald.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "herald.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "herald.labels" -}}
+{{ include "herald.selectorLabels" . }}
+helm.sh/chart: {{ include "herald.chart" .root }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: herald
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The scrape job name the alert rules and dashboards expect (herald-api, herald-poller, …). */}}
+{{- define "herald.scrapeJob" -}}
+herald-{{ . }}
+{{- end -}}
+
+{{- define "herald.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "herald.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "herald.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "herald.etcdPrefix" -}}
+{{- default (printf "/herald/%s/%s" .Release.Namespace .Release.Name) .Values.etcd.prefix -}}
+{{- end -}}
+
+{{- define "herald.apiServiceName" -}}
+{{- printf "%s-api" (include "herald.fullname" .) -}}
+{{- end -}}
+
+{{/* PostgreSQL */}}
+
+{{/* The connection URL without a password (safe for a ConfigMap). */}}
+{{- define "herald.databaseUrl" -}}
+{{- $pg := .Values.postgresql -}}
+{{- printf "postgres://%s@%s:%v/%s?sslmode=%s" (urlquery $pg.user) $pg.host $pg.port (urlquery $pg.database) $pg.sslMode -}}
+{{- end -}}
+
+{{- define "herald.postgresSecretName" -}}
+{{- if .Values.postgresql.existingSecret -}}
+{{- .Values.postgresql.existingSecret -}}
+{{- else if .Values.postgresql.password -}}
+{{- printf "%s-postgresql" (include "herald.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the database URL comes whole from a Secret (then it is not in the ConfigMap). */}}
+{{- define "herald.databaseUrlFromSecret" -}}
+{{- if and .Values.postgresql.existingSecret .Values.postgresql.existingSecretUrlKey -}}true{{- end -}}
+{{- end -}}
+
+{{/* Env entries for the database secret: the whole URL, or PGPASSWORD. Call with (dict "root" $ "secret" name). */}}
+{{- define "herald.databaseSecretEnv" -}}
+{{- $pg := .root.Values.postgresql -}}
+{{- if include "herald.databaseUrlFromSecret" .root }}
+- name: HERALD_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $pg.existingSecret }}
+      key: {{ $pg.existingSecretUrlKey }}
+{{- else if .secret }}
+- name: PGPASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret }}
+      key: {{ ternary $pg.existingSecretPasswordKey "password" (ne $pg.existingSecret "") }}
+{{- end }}
+{{- end -}}
+
+{{/* Redis: the queue store of one job type. */}}
+
+{{- define "herald.redisName" -}}
+{{- printf "%s-redis-%s" (include "herald.fullname" .root) .type -}}
+{{- end -}}
+
+{{- define "herald.redisSecretName" -}}
+{{- $store := index .root.Values.redis .type -}}
+{{- if $store.auth.existingSecret -}}
+{{- $store.auth.existingSecret -}}
+{{- else -}}
+{{- include "herald.redisName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "herald.redisSecretKey" -}}
+{{- $store := index .root.Values.redis .type -}}
+{{- ternary $store.auth.existingSecretPasswordKey "redis-password" (ne $store.auth.existingSecret "") -}}
+{{- end -}}
+
+{{/* The environment variable that carries this job type's Redis password inside a pod. */}}
+{{- define "herald.redisPasswordVar" -}}
+{{- printf "REDIS_%s_PASSWORD" (upper .type) -}}
+{{- end -}}
+
+{{/* The store's URLs, one per shard, comma-separated. With "auth" true, each URL carries the
+     password as $(REDIS_<TYPE>_PASSWORD), which Kubernetes expands in a container's env. */}}
+{{- define "herald.redisUrls" -}}
+{{- $store := index .root.Values.redis .type -}}
+{{- $urls := list -}}
+{{- if $store.external.urls -}}
+{{- $urls = $store.external.urls -}}
+{{- else -}}
+{{- $name := include "herald.redisName" . -}}
+{{- range $shard := until (int $store.shards) -}}
+{{- $urls = append $urls (printf "redis://%s-%d.%s.%s.svc:6379/" $name $shard $name $.root.Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+{{- $out := list -}}
+{{- $var := include "herald.redisPasswordVar" . -}}
+{{- range $url := $urls -}}
+{{- if $.auth -}}
+{{- $parts := splitn "://" 2 $url -}}
+{{- $rest := $parts._1 -}}
+{{- if contains "@" $rest -}}
+{{- $userHost := splitn "@" 2 $rest -}}
+{{- $url = printf "%s://%s:$(%s)@%s" $parts._0 $userHost._0 $var $userHost._1 -}}
+{{- else -}}
+{{- $url = printf "%s://:$(%s)@%s" $parts._0 $var $rest -}}
+{{- end -}}
+{{- end -}}
+{{- $out = append $out $url -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* Env entries for the Redis URL variable of one job type: only when the store has a password
+     (otherwise the URL is in the ConfigMap). Call with (dict "root" $ "type" "send" "var" NAME). */}}
+{{- define "herald.redisAuthEnv" -}}
+{{- $store := index .root.Values.redis .type -}}
+{{- if $store.auth.enabled }}
+- name: {{ include "herald.redisPasswordVar" . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "herald.redisSecretName" . }}
+      key: {{ include "herald.redisSecretKey" . }}
+- name: {{ .var }}
+  value: {{ include "herald.redisUrls" (dict "root" .root "type" .type "auth" true) | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* ConfigMap entry for the Redis URL variable of one job type, when it holds no password. */}}
+{{- define "herald.redisConfigEntry" -}}
+{{- $store := index .root.Values.redis .type -}}
+{{- if not $store.auth.enabled }}
+{{ .var }}: {{ include "herald.redisUrls" (dict "root" .root "type" .type "auth" false) | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The number of shards of one job type's store. */}}
+{{- define "herald.redisShards" -}}
+{{- $store := index .root.Values.redis .type -}}
+{{- if $store.external.urls -}}{{ len $store.external.urls }}{{- else -}}{{ $store.shards }}{{- end -}}
+{{- end -}}
+
+{{/* Pod pieces. Call with (dict "root" $ "role" .Values.api). A role's own key wins over global. */}}
+{{- define "herald.podPlacement" -}}
+{{- $g := .root.Values.global -}}
+{{- $r := .role -}}
+{{- with (ternary $r.nodeSelector $g.nodeSelector (hasKey $r "nodeSelector")) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (ternary $r.tolerations $g.tolerations (hasKey $r "tolerations")) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (ternary $r.affinity $g.affinity (hasKey $r "affinity")) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (ternary $r.topologySpreadConstraints $g.topologySpreadConstraints (hasKey $r "topologySpreadConstraints")) }}
+{{- /* A constraint without a labelSelector counts no pods: spread the role's own pods. */}}
+{{- $selector := include "herald.selectorLabels" (dict "root" $.root "component" $.component) | fromYaml }}
+topologySpreadConstraints:
+  {{- range . }}
+  {{- $constraint := deepCopy . }}
+  {{- if not (hasKey $constraint "labelSelector") }}
+  {{- $_ := set $constraint "labelSelector" (dict "matchLabels" $selector) }}
+  {{- end }}
+  - {{ toYaml $constraint | nindent 4 | trim }}
+  {{- end }}
+{{- end }}
+{{- with (ternary $r.priorityClassName $g.priorityClassName (hasKey $r "priorityClassName")) }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "herald.podMetadata" -}}
+{{- $g := .root.Values.global -}}
+{{- $r := .role -}}
+labels:
+  {{- include "herald.labels" (dict "root" .root "component" .component) | nindent 2 }}
+  herald/scrape-job: {{ include "herald.scrapeJob" .component }}
+  {{- with merge (dict) (default (dict) $r.podLabels) $g.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+annotations:
+  checksum/config: {{ .checksum }}
+  {{- with merge (dict) (default (dict) $r.podAnnotations) $g.podAnnotations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/* Probes on the role's HTTP port: /healthz (alive) and /readyz (dependencies answer). */}}
+{{- define "herald.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ . }}
+  initialDelaySeconds: 5
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: {{ . }}
+  initialDelaySeconds: 2
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end -}}
+
+{{/* A writable /tmp on a read-only root filesystem. */}}
+{{- define "herald.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+{{- define "herald.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end -}}
+
+{{/* Render-time checks of values that the schema cannot express. */}}
+{{- define "herald.validate" -}}
+{{- $p := .Values.poller -}}
+{{- if and (not .Values.etcd.endpoints) (or $p.autoscaling.enabled (gt (int $p.replicas) 1)) -}}
+{{- fail "poller: more than one poller (or autoscaling) needs etcd.endpoints; a poller without etcd owns every partition" -}}
+{{- end -}}
+{{- if gt (int $p.replicas) (int .Values.partitions) -}}
+{{- fail (printf "poller.replicas (%v) must not exceed partitions (%v): a poller beyond the partition count owns nothing" $p.replicas .Values.partitions) -}}
+{{- end -}}
+{{- if le (int $p.terminationGracePeriodSeconds) (add (int $p.drainTimeoutSeconds) 5 | int) -}}
+{{- fail (printf "poller.terminationGracePeriodSeconds (%v) must exceed poller.drainTimeoutSeconds (%v) by more than 5 s, or Kubernetes kills a poller before it released its partitions" $p.terminationGracePeriodSeconds $p.drainTimeoutSeconds) -}}
+{{- end -}}
+{{- if gt (int $p.autoscaling.minReplicas) (int $p.autoscaling.maxReplicas) -}}
+{{- fail "poller.autoscaling.minReplicas must not exceed maxReplicas" -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled -}}
+{{- fail "metrics: enable either serviceMonitor or podMonitor, not both" -}}
+{{- end -}}
+{{- if and .Values.postgresql.existingSecretUrlKey (not .Values.postgresql.existingSecret) -}}
+{{- fail "postgresql.existingSecretUrlKey needs postgresql.existingSecret" -}}
+{{- end -}}
+{{- range $type := list "send" "status" -}}
+{{- $store := index $.Values.redis $type -}}
+{{- if and $store.auth.enabled (not $store.auth.existingSecret) (not $store.auth.password) -}}
+{{- fail (printf "redis.%s.auth: give existingSecret or password" $type) -}}
+{{- end -}}
+{{- if and $store.auth.enabled $store.auth.password (not (regexMatch "^[A-Za-z0-9._~-]+$" $store.auth.password)) -}}
+{{- fail (printf "redis.%s.auth.password must be URL-safe (letters, digits, . _ ~ -)" $type) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.providerSim.enabled .Values.providerSim.callbacks .Values.api.apiKeys.existingSecret (not .Values.providerSim.callbackToken.existingSecret) -}}
+{{- fail "providerSim.callbackToken.existingSecret is needed when the API has keys" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The poller's replica ceiling: maxReplicas, never above the partition count. */}}
+{{- define "herald.pollerMaxReplicas" -}}
+{{- min (int .Values.poller.autoscaling.maxReplicas) (int .Values.partitions) -}}
+{{- end -}}
+
+{{/* The backlog query for KEDA: every partition once (max over API replicas), summed. */}}
+{{- define "herald.backlogQuery" -}}
+{{- default (printf "sum(max by (partition) (herald_outbox_backlog_rows{namespace=%q,service=%q}))" .Release.Namespace (include "herald.apiServiceName" .)) .Values.poller.autoscaling.keda.query -}}
+{{- end -}}
+
+{{/* A map of variables as an env list, in key order. */}}
+{{- define "herald.envList" -}}
+{{- range $k, $v := . }}
+- name: {{ $k }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* redis.conf of a chart-run queue store shard. */}}
+{{- define "herald.redisConf" -}}
+port 6379
+bind * -::*
+protected-mode no
+dir /data
+maxmemory {{ .maxmemoryMb | int64 }}mb
+maxmemory-policy noeviction
+maxclients {{ .maxclients | int64 }}
+save ""
+{{- if .persistence.enabled }}
+appendonly yes
+appendfsync everysec
+{{- else }}
+appendonly no
+{{- end }}
+{{- end -}}

@@ -1,0 +1,572 @@
+"""The Helm chart's checks: it lints strictly and renders for the default values and each
+example, every manifest validates against the Kubernetes schemas, and the invariants that
+keep messages safe hold in what is rendered. Run by scripts/check-helm."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import helm_python as helm
+import kubernetes_validate.utils
+import pytest
+import yaml
+
+from chart import (
+    CHART,
+    CRD_KINDS,
+    NAMESPACE,
+    REPO,
+    VALUES_FILES,
+    deep_merge,
+    effective_env,
+    find,
+    full,
+    notes,
+    one,
+    parse_duration_seconds,
+    pod_spec,
+    render,
+    render_named,
+    secret_values,
+    values_of,
+)
+
+EXAMPLES = list(VALUES_FILES)
+HERALD_ROLES = {
+    "api": ["api"],
+    "poller": ["poller"],
+    "worker-send": ["worker"],
+    "worker-status": ["worker"],
+    "provider-sim": ["provider-sim"],
+}
+
+
+def kube_versions() -> tuple[str, str]:
+    """The oldest Kubernetes the chart claims (Chart.yaml kubeVersion) and the newest
+    kubernetes-validate has schemas for."""
+    claim = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    oldest = re.match(r"^>=\s*(\d+\.\d+)\.\d+", claim)
+    assert oldest, f"kubeVersion {claim!r} names no lower bound"
+    return oldest.group(1) + ".0", kubernetes_validate.utils.latest_version()
+
+
+# --- lint, render, schemas -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+@pytest.mark.parametrize("kube", kube_versions())
+def test_chart_lints_strictly(example, kube):
+    report = helm.lint(CHART, values_of(example), strict=True, kube_version="v" + kube)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, json.dumps(report, indent=2)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_every_manifest_validates_against_the_kubernetes_schemas(example, tmp_path):
+    objects = render_named(example)
+    files = []
+    crds = []
+    for i, obj in enumerate(objects):
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            crds.append(obj)
+        obj = {k: v for k, v in obj.items() if k != "_template"}
+        path = tmp_path / f"{i:03}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump(obj))
+        files.append(str(path))
+    versions = kube_versions()
+    args = [sys.executable, "-m", "kubernetes_validate", "--strict"]
+    for version in versions:
+        args += ["-k", version]
+    result = subprocess.run(args + files, capture_output=True, text=True)
+    lines = result.stdout.splitlines()
+    errors = [line for line in lines if line.startswith(("ERROR", "FATAL"))]
+    assert result.returncode == 0 and not errors, result.stdout + result.stderr
+    # Only the custom resources may lack a schema; anything else is a failure, not a skip.
+    unknown = [line for line in lines if line.startswith("WARN")]
+    crd_names = {f"kind {kind} with api version {api}" for api, kind in CRD_KINDS}
+    assert all(any(n in line for n in crd_names) for line in unknown), "\n".join(unknown)
+    assert len(unknown) == len(crds) * len(versions), "\n".join(unknown)
+    passed = [line for line in lines if line.startswith("INFO") and " passed " in line]
+    assert len(passed) == (len(objects) - len(crds)) * len(versions), result.stdout
+
+
+def test_the_examples_exercise_both_autoscalers_and_both_kinds_of_store():
+    small, large = render_named("small"), render_named("large")
+    assert find(small, "HorizontalPodAutoscaler") and not find(small, "ScaledObject")
+    assert find(large, "ScaledObject") and not find(large, "HorizontalPodAutoscaler")
+    assert one(large, "StatefulSet", full("redis-send"))["spec"]["replicas"] == 4
+    assert not find(large, "StatefulSet", full("redis-status"))  # external, 2 shards
+    assert find(small, "Deployment", full("provider-sim"))
+
+
+def test_custom_resources_have_the_fields_their_operators_need():
+    objects = render_named("large")
+    monitor = one(objects, "ServiceMonitor", "herald")
+    assert monitor["spec"]["jobLabel"] == "herald/scrape-job"
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"http", "admin"}
+    scaled = find(objects, "ScaledObject")[0]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == full("poller")
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "prometheus"
+    assert "herald_outbox_backlog_rows" in trigger["metadata"]["query"]
+    assert float(trigger["metadata"]["threshold"]) > 0
+    rule = find(objects, "PrometheusRule")[0]
+    assert rule["spec"]["groups"] and all(g["rules"] for g in rule["spec"]["groups"])
+    pods = render({"metrics": {"podMonitor": {"enabled": True}}})
+    assert not find(pods, "ServiceMonitor")
+    monitor = one(pods, "PodMonitor", "herald")
+    assert monitor["spec"]["jobLabel"] == "herald/scrape-job"
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "admin"}
+    scraped = [d for d in find(pods, "Deployment") if "herald/scrape-job" in d["spec"]["template"]["metadata"]["labels"]]
+    assert len(scraped) == len(find(pods, "Deployment"))
+
+
+def test_schema_rejects_typos_and_passwords_in_urls():
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema({})
+        for bad in (
+            {"poller": {"replcas": 3}},
+            {"partitions": 0},
+            {"redis": {"send": {"external": {"urls": ["redis://:hunter2@redis:6379/"]}}}},
+            {"poller": {"pollInterval": "half a second"}},
+            {"workers": {"status": {"statusAliases": ["ACKD=MAYBE"]}}},
+        ):
+            with pytest.raises(helm.HelmValuesError):
+                chart.validate_schema(bad)
+
+
+@pytest.mark.parametrize(
+    "values, reason",
+    [
+        ({"etcd": {"endpoints": []}, "poller": {"replicas": 2}}, "etcd.endpoints"),
+        ({"poller": {"terminationGracePeriodSeconds": 12}}, "terminationGracePeriodSeconds"),
+        ({"partitions": 2, "poller": {"replicas": 3}}, "must not exceed partitions"),
+        (
+            {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+            "not both",
+        ),
+        ({"redis": {"send": {"auth": {"enabled": True}}}}, "existingSecret or password"),
+    ],
+)
+def test_render_refuses_unsafe_values(values, reason):
+    with pytest.raises(helm.HelmRenderError, match=re.escape(reason)):
+        render(values)
+
+
+def test_names_fit_kubernetes_limits_with_a_long_release_name():
+    values = deep_merge(values_of("large"), {"fullnameOverride": "x" * 70})
+    for obj in render(values):
+        name = obj["metadata"]["name"]
+        assert len(name) <= 63, name
+        if obj["kind"] == "StatefulSet":
+            # Pods get a controller-revision-hash label of the name plus 11 characters.
+            assert len(name) + 11 <= 63, name
+
+
+# --- the invariants that matter --------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_poller_grace_period_exceeds_the_drain_timeout(example):
+    objects = render_named(example)
+    poller = one(objects, "Deployment", full("poller"))
+    drain = parse_duration_seconds(effective_env(objects, poller)["HERALD_DRAIN_TIMEOUT"])
+    grace = pod_spec(poller)["terminationGracePeriodSeconds"]
+    # Drain, then release the lease (one etcd round trip), then exit: leave 5 s for the rest.
+    assert grace > drain + 5, f"grace {grace}s, drain {drain}s"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_pollers_roll_by_surging_one_and_keeping_the_rest(example):
+    objects = render_named(example)
+    poller = one(objects, "Deployment", full("poller"))
+    assert poller["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pdb = one(objects, "PodDisruptionBudget", full("poller"))
+    assert pdb["spec"]["selector"]["matchLabels"] == poller["spec"]["selector"]["matchLabels"]
+    env = effective_env(objects, poller)
+    assert env["HERALD_POLLER_ID"] == {"from": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    assert env["HERALD_ETCD_ENDPOINTS"], "a fleet of pollers needs etcd"
+
+
+def partitions_of(objects) -> int:
+    migrate = one(objects, "Job", full("migrate"))
+    return int(effective_env(objects, migrate)["HERALD_PARTITIONS"])
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        values_of("small"),
+        values_of("large"),
+        {"partitions": 4, "poller": {"autoscaling": {"enabled": True, "maxReplicas": 16}}},
+        {
+            "partitions": 3,
+            "poller": {
+                "replicas": 2,
+                "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 9, "keda": {"enabled": True}},
+            },
+        },
+    ],
+    ids=["small", "large", "hpa-above-partitions", "keda-above-partitions"],
+)
+def test_autoscaler_max_replicas_at_most_partitions(values):
+    objects = render(values)
+    partitions = partitions_of(objects)
+    hpas = find(objects, "HorizontalPodAutoscaler")
+    scaled = find(objects, "ScaledObject")
+    assert len(hpas) + len(scaled) == 1
+    if hpas:
+        spec = hpas[0]["spec"]
+        assert spec["scaleTargetRef"]["name"] == full("poller")
+        assert spec["maxReplicas"] <= partitions, (spec["maxReplicas"], partitions)
+        metric = spec["metrics"][0]["external"]["metric"]
+        assert metric["name"] == "herald_outbox_backlog_rows"
+    else:
+        spec = scaled[0]["spec"]
+        assert spec["maxReplicaCount"] <= partitions, (spec["maxReplicaCount"], partitions)
+    # The autoscaler owns the replica count; an upgrade must not reset it.
+    assert "replicas" not in one(objects, "Deployment", full("poller"))["spec"]
+    assert one(objects, "Deployment", full("poller"))["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+SECRETS = {
+    "postgresql": {"password": "pg-Very-s3cret-value"},
+    "redis": {
+        "send": {"auth": {"enabled": True, "password": "send-redis-s3cret"}},
+        "status": {"auth": {"enabled": True, "password": "status-redis-s3cret"}},
+    },
+    "api": {"apiKeys": {"existingSecret": "herald-api-keys"}},
+    "providerSim": {"enabled": True, "callbackToken": {"existingSecret": "herald-callback"}},
+}
+
+
+@pytest.mark.parametrize("example", EXAMPLES + ["chart-created-secrets"])
+def test_no_secret_value_appears_in_a_configmap(example):
+    values = SECRETS if example == "chart-created-secrets" else values_of(example)
+    objects = render(values)
+    secrets = secret_values(objects)
+    if example == "chart-created-secrets":
+        assert {"pg-Very-s3cret-value", "send-redis-s3cret", "status-redis-s3cret"} <= set(secrets)
+    configmaps = find(objects, "ConfigMap")
+    assert configmaps
+    for cm in configmaps:
+        for key, value in (cm.get("data") or {}).items():
+            for secret in secrets:
+                assert secret not in value, f"ConfigMap {cm['metadata']['name']} {key} holds a Secret value"
+            for url in re.findall(r"[a-z]+://[^\s\"',]+", value):
+                assert urlsplit(url).password is None, f"{cm['metadata']['name']} {key}: {url}"
+    # A password given in values is only ever in a Secret, never in any other object.
+    for obj in objects:
+        if obj["kind"] == "Secret":
+            continue
+        text = yaml.safe_dump(obj)
+        for secret in secrets:
+            assert secret not in text, f"{obj['kind']} {obj['metadata']['name']} holds a Secret value"
+
+
+def store_urls(objects, env_value) -> list[str]:
+    if isinstance(env_value, dict):
+        raise AssertionError(f"a Redis URL list must be a value, not {env_value}")
+    return env_value.split(",")
+
+
+def host_of(url: str) -> str:
+    return urlsplit(url).hostname
+
+
+@pytest.mark.parametrize("example", EXAMPLES + ["chart-created-secrets"])
+def test_each_job_types_worker_points_at_its_own_redis(example):
+    values = SECRETS if example == "chart-created-secrets" else values_of(example)
+    objects = render(values)
+    merged = deep_merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
+    api = effective_env(objects, one(objects, "Deployment", full("api")))
+    poller = effective_env(objects, one(objects, "Deployment", full("poller")))
+    hosts = {}
+    for job_type, poller_var in (("send", "HERALD_REDIS_SEND_URL"), ("status", "HERALD_REDIS_STATUS_URL")):
+        worker = one(objects, "Deployment", full(f"worker-{job_type}"))
+        env = effective_env(objects, worker)
+        assert env["HERALD_JOB_TYPE"] == job_type
+        urls = store_urls(objects, env["HERALD_REDIS_URL"])
+        # The poller publishes where this job type's workers read; the API watches the same.
+        assert urls == store_urls(objects, poller[poller_var]) == store_urls(objects, api[poller_var])
+        store = merged["redis"][job_type]
+        if store["external"]["urls"]:
+            assert [host_of(u) for u in urls] == [host_of(u) for u in store["external"]["urls"]]
+        else:
+            sts = one(objects, "StatefulSet", full(f"redis-{job_type}"))
+            assert sts["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == f"redis-{job_type}"
+            assert len(urls) == sts["spec"]["replicas"] == store["shards"]
+            svc = sts["spec"]["serviceName"]
+            assert [host_of(u) for u in urls] == [
+                f"{sts['metadata']['name']}-{i}.{svc}.{NAMESPACE}.svc" for i in range(len(urls))
+            ]
+        if store["auth"]["enabled"]:
+            var = f"REDIS_{job_type.upper()}_PASSWORD"
+            assert all(f"$({var})@" in u for u in urls), urls
+            ref = env[var]["from"]["secretKeyRef"]
+            assert ref["name"] in (store["auth"]["existingSecret"], full(f"redis-{job_type}"))
+        hosts[job_type] = {host_of(u) for u in urls}
+    assert not hosts["send"] & hosts["status"], f"send and status share a Redis: {hosts}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_chart_run_redis_answers_only_its_own_job_types_pods(example):
+    objects = render_named(example)
+    for sts in find(objects, "StatefulSet"):
+        job_type = sts["metadata"]["name"].rsplit("-", 1)[1]
+        policy = one(objects, "NetworkPolicy", sts["metadata"]["name"])
+        assert policy["spec"]["podSelector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
+        allowed = set()
+        for rule in policy["spec"]["ingress"]:
+            for peer in rule["from"]:
+                expression = peer["podSelector"]["matchExpressions"][0]
+                assert expression["key"] == "app.kubernetes.io/component" and expression["operator"] == "In"
+                allowed |= set(expression["values"])
+        other = "status" if job_type == "send" else "send"
+        assert allowed == {"api", "poller", f"worker-{job_type}"}, allowed
+        assert f"worker-{other}" not in allowed
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_chart_run_redis_has_maxmemory_and_noeviction(example):
+    objects = render_named(example)
+    merged = deep_merge(yaml.safe_load((CHART / "values.yaml").read_text()), values_of(example))
+    for job_type in ("send", "status"):
+        store = merged["redis"][job_type]
+        if store["external"]["urls"]:
+            continue
+        conf = one(objects, "ConfigMap", full(f"redis-{job_type}"))["data"]["redis.conf"].splitlines()
+        assert "maxmemory-policy noeviction" in conf
+        assert f"maxmemory {store['maxmemoryMb']}mb" in conf
+        sts = one(objects, "StatefulSet", full(f"redis-{job_type}"))
+        container = pod_spec(sts)["containers"][0]
+        assert container["args"][0] == "/etc/redis/redis.conf"
+        limit = container["resources"]["limits"]["memory"]
+        assert mebibytes(limit) > store["maxmemoryMb"], f"{job_type}: limit {limit} not above maxmemory"
+
+
+def mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti)", quantity)
+    assert m, quantity
+    return float(m.group(1)) * units[m.group(2)]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_every_workload_is_hardened_probed_and_labelled(example):
+    objects = render_named(example)
+    labels = {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/version",
+        "app.kubernetes.io/component",
+        "app.kubernetes.io/managed-by",
+        "app.kubernetes.io/part-of",
+        "helm.sh/chart",
+    }
+    for obj in objects:
+        assert labels <= set(obj["metadata"].get("labels", {})), f"{obj['kind']} {obj['metadata']['name']}"
+    workloads = find(objects, "Deployment") + find(objects, "StatefulSet") + find(objects, "Job")
+    assert len(find(objects, "Deployment")) >= 4
+    for w in workloads:
+        spec = pod_spec(w)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        pod_labels = w["spec"]["template"]["metadata"]["labels"]
+        for constraint in spec.get("topologySpreadConstraints", []):
+            wanted = constraint["labelSelector"]["matchLabels"]
+            assert wanted.items() <= pod_labels.items(), f"{w['metadata']['name']} spreads other pods"
+        assert spec["automountServiceAccountToken"] is False
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            name = f"{w['metadata']['name']}/{c['name']}"
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"]["drop"] == ["ALL"], name
+            assert c["resources"].get("requests") and c["resources"].get("limits"), name
+            if w["kind"] != "Job":
+                assert c.get("livenessProbe") and c.get("readinessProbe"), name
+    for d in find(objects, "Deployment"):
+        c = pod_spec(d)["containers"][0]
+        port = c["ports"][0]["name"]
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+        assert c["image"] == one(objects, "Job", full("migrate"))["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_migrations_run_as_a_pre_install_and_pre_upgrade_hook(example):
+    objects = render_named(example)
+    job = one(objects, "Job", full("migrate"))
+    hooks = set(job["metadata"]["annotations"]["helm.sh/hook"].split(","))
+    assert hooks == {"pre-install", "pre-upgrade"}
+    assert pod_spec(job)["containers"][0]["args"] == ["migrate"]
+    env = effective_env(objects, job)
+    assert "HERALD_DATABASE_URL" in env
+
+
+def test_each_role_listens_where_its_probes_and_service_look():
+    objects = render_named("small")
+    for component, var in (
+        ("api", "HERALD_API_LISTEN"),
+        ("poller", "HERALD_ADMIN_LISTEN"),
+        ("worker-send", "HERALD_ADMIN_LISTEN"),
+        ("worker-status", "HERALD_ADMIN_LISTEN"),
+        ("provider-sim", "HERALD_SIM_LISTEN"),
+    ):
+        d = one(objects, "Deployment", full(component))
+        port = pod_spec(d)["containers"][0]["ports"][0]
+        assert effective_env(objects, d)[var] == f"0.0.0.0:{port['containerPort']}"
+        svc = one(objects, "Service", full(component))
+        assert svc["spec"]["ports"][0]["targetPort"] == port["name"]
+
+
+# --- the chart's configuration is the CLI's --------------------------------------------
+
+
+def herald_binary() -> Path:
+    path = Path(os.environ.get("HERALD_BIN", REPO / "target" / "debug" / "herald"))
+    assert path.exists(), f"{path} is missing: scripts/check-helm builds it (or set HERALD_BIN)"
+    return path
+
+
+def role_env_names(args: list[str]) -> set[str]:
+    text = subprocess.run([herald_binary(), *args, "--help"], capture_output=True, text=True, check=True).stdout
+    return set(re.findall(r"\[env: (HERALD_[A-Z0-9_]+)", text))
+
+
+@pytest.mark.parametrize("example", EXAMPLES + ["chart-created-secrets"])
+def test_every_variable_the_chart_sets_is_one_the_role_reads_and_accepts(example):
+    values = SECRETS if example == "chart-created-secrets" else values_of(example)
+    objects = render(values)
+    workloads = [(d["metadata"]["name"], d) for d in find(objects, "Deployment")]
+    workloads.append((full("migrate"), one(objects, "Job", full("migrate"))))
+    checked = 0
+    for name, workload in workloads:
+        component = name.removeprefix(full(""))
+        args = pod_spec(workload)["containers"][0]["args"]
+        known = role_env_names(args)
+        env = effective_env(objects, workload)
+        herald_vars = {k for k in env if k.startswith("HERALD_")}
+        assert herald_vars <= known, f"{component}: not flags of `herald {' '.join(args)}`: {herald_vars - known}"
+        # The real binary parses the environment the pod gets (Secrets and the downward API
+        # replaced by stand-ins) and prints what it understood.
+        process_env = {"PATH": "/usr/bin:/bin"}
+        for k, v in env.items():
+            process_env[k] = "stand-in" if isinstance(v, dict) else re.sub(r"\$\([A-Z_]+\)", "pw", v)
+        out = subprocess.run(
+            [herald_binary(), *args, "--print-config"], env=process_env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, f"{component}: {out.stderr}"
+        printed = json.loads(out.stdout)
+        if "HERALD_DRAIN_TIMEOUT" in env:
+            assert printed["drain_timeout"] == env["HERALD_DRAIN_TIMEOUT"]
+        if "HERALD_REDIS_URL" in env:
+            assert len(printed["redis_url"]) == len(env["HERALD_REDIS_URL"].split(","))
+        checked += 1
+    assert checked >= 5
+
+
+# Variables of a role's --help the chart deliberately leaves to the binary's default.
+NOT_EXPOSED: dict[str, set[str]] = {
+    "api": set(),
+    "poller": set(),
+    "worker": set(),
+    "provider-sim": set(),
+    "migrate": set(),
+}
+
+
+def test_every_flag_of_every_role_can_be_set_from_values():
+    everything = deep_merge(
+        SECRETS,
+        {
+            "workers": {
+                "send": {"blockedRecipients": ["+15550199"]},
+                "status": {"statusAliases": ["ACKD=DELIVRD"]},
+            },
+        },
+    )
+    set_by_chart: dict[str, set[str]] = {}
+    for values in (values_of("default"), values_of("small"), values_of("large"), everything):
+        objects = render(values)
+        workloads = find(objects, "Deployment") + [one(objects, "Job", full("migrate"))]
+        for workload in workloads:
+            role = pod_spec(workload)["containers"][0]["args"][0]
+            set_by_chart.setdefault(role, set()).update(effective_env(objects, workload))
+    assert set(set_by_chart) == set(NOT_EXPOSED)
+    for role, names in set_by_chart.items():
+        unset = role_env_names([role]) - names - NOT_EXPOSED[role]
+        assert not unset, f"`herald {role}` reads {sorted(unset)}, which no value of the chart sets"
+
+
+# --- dashboards, alert rules, documentation --------------------------------------------
+
+
+def test_dashboards_and_rules_ship_from_the_repository_without_a_copy():
+    link = CHART / "files" / "dashboards"
+    assert link.is_symlink() and link.resolve() == (REPO / "dashboards").resolve()
+    values = {"metrics": {"prometheusRule": {"enabled": True}}}
+    objects = render(values)
+    shipped = {}
+    for cm in find(objects, "ConfigMap"):
+        if cm["metadata"]["labels"].get("grafana_dashboard") == "1":
+            shipped.update(cm["data"])
+    sources = {p.name: p.read_text() for p in sorted((REPO / "dashboards").glob("*.json"))}
+    assert shipped.keys() == sources.keys()
+    for name, text in sources.items():
+        assert json.loads(shipped[name]) == json.loads(text), name
+    rules = yaml.safe_load((REPO / "dashboards" / "herald-alerts.rules.yml").read_text())
+    assert one(objects, "PrometheusRule", "herald")["spec"] == rules
+
+
+def leaf_keys(tree: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            keys.extend(leaf_keys(value, path + "."))
+        else:
+            keys.append(path)
+    return keys
+
+
+def test_the_packaged_chart_carries_the_dashboards_and_leaves_the_tests_out(tmp_path):
+    archive = helm.package(CHART, destination=tmp_path)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    dashboards = {f"herald/files/dashboards/{p.name}" for p in (REPO / "dashboards").glob("*.json")}
+    assert dashboards and dashboards <= names
+    assert "herald/files/dashboards/herald-alerts.rules.yml" in names
+    assert "herald/values.schema.json" in names and "herald/README.md" in names
+    assert not [n for n in names if n.startswith(("herald/tests/", "herald/examples/", "herald/files/dashboards/tests/"))]
+
+
+def test_readme_documents_every_value():
+    readme = (CHART / "README.md").read_text()
+    documented = set()
+    for key in re.findall(r"^\| `([^`]+)` \|", readme, flags=re.M):
+        documented |= {key.replace("<type>", t) for t in ("send", "status")}
+
+    def is_documented(key: str) -> bool:
+        parts = key.split(".")
+        return any(".".join(parts[:n]) in documented for n in range(1, len(parts) + 1))
+
+    keys = leaf_keys(yaml.safe_load((CHART / "values.yaml").read_text()))
+    missing = [k for k in keys if not is_documented(k)]
+    assert len(keys) > 100 and not missing, f"README.md does not document: {missing}"
+
+
+def test_notes_say_how_to_reach_the_api_and_the_dashboards():
+    text = notes(values_of("small"))
+    assert "port-forward svc/herald-api" in text
+    assert "grafana_dashboard=1" in text
