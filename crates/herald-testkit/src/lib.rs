@@ -4,6 +4,7 @@
 //! the same port and data, and Herald's roles run as separate processes of the built binary
 //! so a test can kill -9, SIGTERM, SIGSTOP or restart them.
 
+pub mod deployment;
 pub mod etcd;
 pub mod packages;
 pub mod postgres;
@@ -12,6 +13,7 @@ pub mod prometheus;
 pub mod redis;
 pub mod role;
 
+pub use deployment::{DeploymentOptions, LocalDeployment};
 pub use etcd::LocalEtcd;
 pub use postgres::{LocalPostgres, PostgresOptions};
 pub use prometheus::{LocalPrometheus, ScrapeJob};

@@ -61,6 +61,12 @@ impl RoleProcess {
         &self.name
     }
 
+    /// Whether the process was started and not stopped or killed since (a process that
+    /// exited by itself still counts until it is stopped).
+    pub fn is_running(&self) -> bool {
+        self.process.is_running()
+    }
+
     pub fn pid(&self) -> Option<i32> {
         self.process.pid()
     }

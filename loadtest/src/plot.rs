@@ -1,0 +1,135 @@
+//! The run over time as an SVG: throughput (offered, accepted, delivered per second) above,
+//! latency (accept p99, accept → ACCEPTED p99 per second) below, chaos steps marked in both.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::report::Report;
+
+const OFFERED: RGBColor = RGBColor(200, 200, 200);
+const ACCEPTED: RGBColor = RGBColor(31, 119, 180);
+const DELIVERED: RGBColor = RGBColor(44, 160, 44);
+const CHAOS: RGBColor = RGBColor(214, 39, 40);
+
+pub fn draw(report: &Report, path: &Path) -> anyhow::Result<()> {
+    draw_svg(report, path).map_err(|err| anyhow::anyhow!("drawing {}: {err}", path.display()))
+}
+
+type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
+fn draw_svg(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (1100, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(380);
+    let t = &report.timeline;
+    let point = |f: &dyn Fn(&crate::report::TimelineSecond) -> f64| -> Vec<(f64, f64)> {
+        t.iter().map(|s| (s.second as f64 + 0.5, f(s))).collect()
+    };
+    let throughput: Vec<Series> = vec![
+        ("offered msg/s", OFFERED, point(&|s| s.offered as f64)),
+        (
+            "accepted (2xx) msg/s",
+            ACCEPTED,
+            point(&|s| s.accepted as f64),
+        ),
+        (
+            "delivered (ACCEPTED) msg/s",
+            DELIVERED,
+            point(&|s| s.delivered as f64),
+        ),
+    ];
+    let latency: Vec<Series> = vec![
+        ("accept p99 ms", ACCEPTED, point(&|s| s.accept_p99_ms)),
+        (
+            "accept → ACCEPTED p99 ms (by accept second)",
+            DELIVERED,
+            point(&|s| s.end_to_end_p99_ms),
+        ),
+    ];
+    let seconds = (t.len() as f64).max(1.0);
+    panel(
+        &top,
+        &format!("{}: throughput", report.name),
+        "messages / s",
+        seconds,
+        &throughput,
+        report,
+    )?;
+    panel(
+        &bottom,
+        &format!("{}: latency", report.name),
+        "milliseconds",
+        seconds,
+        &latency,
+        report,
+    )?;
+    root.present()?;
+    Ok(())
+}
+
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    unit: &str,
+    seconds: f64,
+    series: &[Series],
+    report: &Report,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    let top = series
+        .iter()
+        .flat_map(|(_, _, points)| points.iter().map(|(_, y)| *y))
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..seconds, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the load started")
+        .y_desc(unit)
+        .draw()?;
+    for (label, color, points) in series {
+        let color = *color;
+        // Offered is drawn wide underneath, so it shows where accepted covers it.
+        let width = if color == OFFERED { 6 } else { 2 };
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(width)))?
+            .label(*label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    for (n, step) in report.chaos.iter().enumerate() {
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [
+                (step.started_s, 0.0),
+                (step.ended_s.max(step.started_s + 0.1), top),
+            ],
+            CHAOS.mix(0.12).filled(),
+        )))?;
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![(step.started_s, 0.0), (step.started_s, top)],
+            CHAOS.stroke_width(2),
+        )))?;
+        let y = top * (0.95 - 0.07 * (n % 4) as f64);
+        chart.draw_series(std::iter::once(Text::new(
+            step.step.clone(),
+            (step.started_s + seconds * 0.005, y),
+            ("sans-serif", 13).into_font().color(&CHAOS),
+        )))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
