@@ -190,23 +190,7 @@ pub async fn facts(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<HashMap<Uuid, 
 /// The provider simulator's submit count per idempotency key (`GET /v1/submits`, the same
 /// record `herald verify` reads).
 pub async fn provider_submits(sim_url: &str) -> anyhow::Result<HashMap<String, u64>> {
-    let url = format!("{}/v1/submits", sim_url.trim_end_matches('/'));
-    let text = reqwest::Client::new()
-        .get(&url)
-        .timeout(Duration::from_secs(120))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    let mut counts = HashMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let (key, count) = line
-            .rsplit_once(' ')
-            .ok_or_else(|| anyhow::anyhow!("unreadable line from {url}: {line:?}"))?;
-        counts.insert(key.to_owned(), count.parse()?);
-    }
-    Ok(counts)
+    herald_provider_sim::fetch_submit_counts(sim_url, Duration::from_secs(120)).await
 }
 
 /// The first submit time of every key in the simulator's submit log (JSON lines), for the

@@ -1,6 +1,5 @@
 //! `herald verify`: the proof that nothing was lost or doubled.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -74,22 +73,8 @@ pub async fn main(args: VerifyArgs) -> anyhow::Result<i32> {
 pub async fn verify(pool: &PgPool, provider_sim: &str) -> anyhow::Result<Report> {
     let ledger = herald_store::verify::ledger_summary(pool).await?;
     let keys = herald_store::verify::ledger_keys(pool).await?;
-    let url = format!("{}/v1/submits", provider_sim.trim_end_matches('/'));
-    let text = reqwest::Client::new()
-        .get(&url)
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    let mut counts: HashMap<&str, u64> = HashMap::new();
-    for line in text.lines() {
-        let (key, count) = line
-            .rsplit_once(' ')
-            .ok_or_else(|| anyhow::anyhow!("unreadable line from {url}: {line:?}"))?;
-        counts.insert(key, count.parse()?);
-    }
+    let counts =
+        herald_provider_sim::fetch_submit_counts(provider_sim, Duration::from_secs(60)).await?;
     let missing_at_provider = keys
         .iter()
         .filter(|key| !counts.contains_key(key.as_str()))
