@@ -13,25 +13,12 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// What PostgreSQL knows about one message.
-#[derive(Debug, Clone, Default)]
-pub struct Facts {
-    /// `messages.created_at`: the accept transaction.
-    pub created_at: Option<DateTime<Utc>>,
-    /// Ledger rows (effects).
-    pub effects: i64,
-    pub dead: bool,
-    pub failed: bool,
-    pub unknown: bool,
-    /// The first ACCEPTED event.
-    pub accepted_at: Option<DateTime<Utc>>,
-}
+/// What PostgreSQL knows about one message (herald-store runs the statements).
+pub use herald_store::verify::MessageFacts as Facts;
 
-impl Facts {
-    /// The message has an outcome: an effect, DEAD or FAILED.
-    pub fn settled(&self) -> bool {
-        self.effects > 0 || self.dead || self.failed
-    }
+/// Looks up `ids` in PostgreSQL, 5,000 at a time.
+pub async fn facts(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<HashMap<Uuid, Facts>> {
+    Ok(herald_store::verify::message_facts(pool, ids).await?)
 }
 
 /// The counts of the proof. `lost` and `duplicate_effects` must be 0.
@@ -133,58 +120,6 @@ impl Proof {
             1
         }
     }
-}
-
-/// Looks up `ids` in PostgreSQL, 5,000 at a time.
-pub async fn facts(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<HashMap<Uuid, Facts>> {
-    let mut out: HashMap<Uuid, Facts> = HashMap::with_capacity(ids.len());
-    for chunk in ids.chunks(5000) {
-        let chunk = chunk.to_vec();
-        let created: Vec<(Uuid, DateTime<Utc>)> =
-            sqlx::query_as("SELECT id, created_at FROM messages WHERE id = ANY($1)")
-                .bind(&chunk)
-                .fetch_all(pool)
-                .await?;
-        for (id, at) in created {
-            out.entry(id).or_default().created_at = Some(at);
-        }
-        let effects: Vec<(Uuid, i64)> = sqlx::query_as(
-            "SELECT message_id, count(*) FROM ledger WHERE message_id = ANY($1) GROUP BY 1",
-        )
-        .bind(&chunk)
-        .fetch_all(pool)
-        .await?;
-        for (id, n) in effects {
-            out.entry(id).or_default().effects = n;
-        }
-        let events: Vec<(Uuid, String, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT message_id, state, min(at) FROM message_events
-             WHERE message_id = ANY($1) AND state IN ('ACCEPTED', 'FAILED', 'UNKNOWN')
-             GROUP BY 1, 2",
-        )
-        .bind(&chunk)
-        .fetch_all(pool)
-        .await?;
-        for (id, state, at) in events {
-            let fact = out.entry(id).or_default();
-            match state.as_str() {
-                "ACCEPTED" => fact.accepted_at = Some(at),
-                "FAILED" => fact.failed = true,
-                _ => fact.unknown = true,
-            }
-        }
-        let dead: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT DISTINCT message_id FROM outbox
-             WHERE message_id = ANY($1) AND job_type = 'send' AND status = 'DEAD'",
-        )
-        .bind(&chunk)
-        .fetch_all(pool)
-        .await?;
-        for id in dead {
-            out.entry(id).or_default().dead = true;
-        }
-    }
-    Ok(out)
 }
 
 /// The provider simulator's submit count per idempotency key (`GET /v1/submits`, the same

@@ -1,5 +1,7 @@
 //! The verifier's counts: what was accepted, what has its effect, and what is missing.
 
+use std::collections::HashMap;
+
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -66,4 +68,81 @@ pub async fn ledger_keys(pool: &PgPool) -> Result<Vec<String>, StoreError> {
     Ok(sqlx::query_scalar("SELECT idempotency_key FROM ledger")
         .fetch_all(pool)
         .await?)
+}
+
+/// What PostgreSQL knows about one message, for a proof that goes id by id (the load
+/// tester's): when it was accepted, its effects, and how it ended.
+#[derive(Debug, Clone, Default)]
+pub struct MessageFacts {
+    /// `messages.created_at`: the accept transaction.
+    pub created_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Ledger rows (effects).
+    pub effects: i64,
+    pub dead: bool,
+    pub failed: bool,
+    pub unknown: bool,
+    /// The first ACCEPTED event.
+    pub accepted_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl MessageFacts {
+    /// The message has an outcome: an effect, DEAD or FAILED.
+    pub fn settled(&self) -> bool {
+        self.effects > 0 || self.dead || self.failed
+    }
+}
+
+/// Looks up `ids` in PostgreSQL, 5,000 at a time.
+pub async fn message_facts(
+    pool: &PgPool,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, MessageFacts>, StoreError> {
+    let mut out: HashMap<Uuid, MessageFacts> = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(5000) {
+        let chunk = chunk.to_vec();
+        let created: Vec<(Uuid, chrono::DateTime<chrono::Utc>)> =
+            sqlx::query_as("SELECT id, created_at FROM messages WHERE id = ANY($1)")
+                .bind(&chunk)
+                .fetch_all(pool)
+                .await?;
+        for (id, at) in created {
+            out.entry(id).or_default().created_at = Some(at);
+        }
+        let effects: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT message_id, count(*) FROM ledger WHERE message_id = ANY($1) GROUP BY 1",
+        )
+        .bind(&chunk)
+        .fetch_all(pool)
+        .await?;
+        for (id, n) in effects {
+            out.entry(id).or_default().effects = n;
+        }
+        let events: Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+            "SELECT message_id, state, min(at) FROM message_events
+             WHERE message_id = ANY($1) AND state IN ('ACCEPTED', 'FAILED', 'UNKNOWN')
+             GROUP BY 1, 2",
+        )
+        .bind(&chunk)
+        .fetch_all(pool)
+        .await?;
+        for (id, state, at) in events {
+            let fact = out.entry(id).or_default();
+            match state.as_str() {
+                "ACCEPTED" => fact.accepted_at = Some(at),
+                "FAILED" => fact.failed = true,
+                _ => fact.unknown = true,
+            }
+        }
+        let dead: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT DISTINCT message_id FROM outbox
+             WHERE message_id = ANY($1) AND job_type = 'send' AND status = 'DEAD'",
+        )
+        .bind(&chunk)
+        .fetch_all(pool)
+        .await?;
+        for id in dead {
+            out.entry(id).or_default().dead = true;
+        }
+    }
+    Ok(out)
 }
