@@ -1,14 +1,17 @@
-//! The proof that nothing was lost or doubled, message by message: every id the API answered
-//! 2xx for is looked up in PostgreSQL and in the provider simulator's own record of submits.
-//!
-//! A message is delivered when it has a ledger row *and* the provider recorded a submit with
-//! its effect key; DEAD and FAILED are visible outcomes, not losses; anything else is lost.
-//! A message with more than one ledger row is a duplicate effect. Both must be 0.
+//! The proof, message by message: every id the API answered 2xx for is classified against
+//! PostgreSQL and the provider simulator's own record (its submits and the receipts it sent)
+//! by `herald_core::verdict`, the same decision `herald verify` makes. A message is right
+//! when it was delivered (its one effect at the provider and in the ledger, the final state
+//! the provider sent) or rejected for its own content; every other end — DEAD, UNKNOWN, a
+//! parked receipt, FAILED for a provider-side reason, still on its way, missing, doubled —
+//! fails the run unless the run declared it (`--expect dead=5`), and some ends (doubled, DEAD
+//! or UNKNOWN with a provider effect, a wrong final state) fail it whatever is declared.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use herald_core::verdict::{Expectations, Fate, ProviderView, Verdict};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -21,98 +24,59 @@ pub async fn facts(pool: &PgPool, ids: &[Uuid]) -> anyhow::Result<HashMap<Uuid, 
     Ok(herald_store::verify::message_facts(pool, ids).await?)
 }
 
-/// The counts of the proof. `lost` and `duplicate_effects` must be 0.
+/// The proof of one run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proof {
     /// Distinct ids the API answered 2xx for.
     pub accepted: u64,
-    /// A ledger row and a provider submit for its effect key.
+    /// Delivered: the effect once, at the provider and in the ledger, with the provider's
+    /// final state.
     pub delivered: u64,
+    /// Answered 2xx and not delivered, rejected or in a declared class: missing in the
+    /// database, missing at the provider, or never settled.
     pub lost: u64,
-    /// Of the lost: the API answered 2xx but PostgreSQL has no such message.
-    pub lost_missing_in_database: u64,
-    /// Of the lost: the provider has no submit with the message's effect key.
-    pub lost_missing_at_provider: u64,
-    /// Of the lost: the provider has it but no ledger row, DEAD or FAILED was recorded.
-    pub lost_without_outcome: u64,
-    /// Messages with more than one ledger row.
-    pub duplicate_effects: u64,
     /// Submits of a key the provider had seen before (allowed: a retry carries the same key).
     pub duplicate_provider_submits: u64,
-    pub dead: u64,
-    pub failed: u64,
-    pub unknown: u64,
     /// Idempotent replays whose answer named a different id than the first (a retry became a
     /// second message): counted as doubled.
     pub replay_mismatches: u64,
-    /// Up to 20 lost ids, to start an investigation.
-    pub lost_sample: Vec<Uuid>,
+    /// Every message's fate and the findings, with what the run expected (empty in reports
+    /// written before the verdict existed).
+    #[serde(default)]
+    pub verdict: Verdict,
 }
 
 impl Proof {
-    /// Builds the proof from the facts of each id and the provider's submit count per key.
-    pub fn build(
-        ids: &[Uuid],
-        facts: &HashMap<Uuid, Facts>,
-        provider: &HashMap<String, u64>,
+    /// The proof from the verdict over the run's ids.
+    pub fn new(
+        verdict: Verdict,
+        provider: &HashMap<String, ProviderView>,
         replay_mismatches: u64,
     ) -> Self {
-        let mut proof = Proof {
+        Proof {
+            accepted: verdict.messages,
+            delivered: verdict.count(Fate::Delivered),
+            lost: verdict.lost(),
+            duplicate_provider_submits: provider
+                .values()
+                .map(|v| v.submits.saturating_sub(1))
+                .sum(),
             replay_mismatches,
-            ..Proof::default()
-        };
-        let mut seen = HashSet::new();
-        for id in ids.iter().filter(|id| seen.insert(**id)) {
-            proof.accepted += 1;
-            let key = herald_core::idempotency::send_effect_key(*id);
-            let submits = provider.get(&key).copied().unwrap_or(0);
-            proof.duplicate_provider_submits += submits.saturating_sub(1);
-            let Some(fact) = facts.get(id).filter(|f| f.created_at.is_some()) else {
-                proof.lost += 1;
-                proof.lost_missing_in_database += 1;
-                proof.sample(*id);
-                continue;
-            };
-            if fact.effects > 1 {
-                proof.duplicate_effects += 1;
-            }
-            proof.unknown += u64::from(fact.unknown);
-            if fact.effects > 0 && submits > 0 {
-                proof.delivered += 1;
-            } else if fact.dead {
-                proof.dead += 1;
-            } else if fact.failed {
-                proof.failed += 1;
-            } else {
-                proof.lost += 1;
-                if submits == 0 {
-                    proof.lost_missing_at_provider += 1;
-                } else {
-                    proof.lost_without_outcome += 1;
-                }
-                proof.sample(*id);
-            }
-        }
-        proof
-    }
-
-    fn sample(&mut self, id: Uuid) {
-        if self.lost_sample.len() < 20 {
-            self.lost_sample.push(id);
+            verdict,
         }
     }
 
     /// Messages that had an effect twice, or a replay that became a second message.
     pub fn doubled(&self) -> u64 {
-        self.duplicate_effects + self.replay_mismatches
+        self.verdict.doubled() + self.replay_mismatches
     }
 
-    /// Nothing lost, nothing doubled.
+    /// Every message where it should be, nothing doubled.
     pub fn ok(&self) -> bool {
-        self.lost == 0 && self.doubled() == 0
+        self.verdict.ok() && self.replay_mismatches == 0
     }
 
-    /// The process exit status the proof asks for: 1 when anything was lost or doubled.
+    /// The process exit status the proof asks for: 1 when anything is wrong.
     pub fn exit_code(&self) -> i32 {
         if self.ok() {
             0
@@ -122,10 +86,24 @@ impl Proof {
     }
 }
 
-/// The provider simulator's submit count per idempotency key (`GET /v1/submits`, the same
-/// record `herald verify` reads).
-pub async fn provider_submits(sim_url: &str) -> anyhow::Result<HashMap<String, u64>> {
-    herald_provider_sim::fetch_submit_counts(sim_url, Duration::from_secs(120)).await
+/// Builds the proof over `ids`: PostgreSQL's facts, the simulator's record, the findings.
+pub async fn prove(
+    pool: &PgPool,
+    ids: &[Uuid],
+    sim_url: &str,
+    expected: Expectations,
+    replay_mismatches: u64,
+) -> anyhow::Result<(Proof, HashMap<Uuid, Facts>)> {
+    let provider = provider_views(sim_url).await?;
+    let (verdict, facts) =
+        herald_store::verify::prove(pool, Some(ids), &provider, expected).await?;
+    Ok((Proof::new(verdict, &provider, replay_mismatches), facts))
+}
+
+/// The provider simulator's record per effect key (`GET /v1/effects`, the same record
+/// `herald verify` reads).
+pub async fn provider_views(sim_url: &str) -> anyhow::Result<HashMap<String, ProviderView>> {
+    herald_provider_sim::fetch_provider_views(sim_url, Duration::from_secs(120)).await
 }
 
 /// The first submit time of every key in the simulator's submit log (JSON lines), for the
@@ -154,32 +132,61 @@ pub fn first_submits(log: &std::path::Path) -> anyhow::Result<HashMap<String, Da
 #[cfg(test)]
 mod tests {
     use super::*;
+    use herald_core::verdict::ProviderFinal;
+    use herald_core::{send_effect_key, MessageState};
+    use herald_store::verify::tally;
 
-    fn delivered() -> Facts {
-        Facts {
-            created_at: Some(Utc::now()),
-            effects: 1,
-            accepted_at: Some(Utc::now()),
-            ..Facts::default()
-        }
-    }
-
-    fn setup(n: usize) -> (Vec<Uuid>, HashMap<Uuid, Facts>, HashMap<String, u64>) {
+    /// `n` messages delivered with receipts, as the database and the provider would show them.
+    fn setup(
+        n: usize,
+    ) -> (
+        Vec<Uuid>,
+        HashMap<Uuid, Facts>,
+        HashMap<String, ProviderView>,
+    ) {
         let ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
-        let facts = ids.iter().map(|id| (*id, delivered())).collect();
+        let facts = ids
+            .iter()
+            .map(|id| {
+                let fact = Facts {
+                    created_at: Some(Utc::now()),
+                    ledger_keys: vec![send_effect_key(*id)],
+                    state: Some(MessageState::Delivered),
+                    accepted_at: Some(Utc::now()),
+                    ..Facts::default()
+                };
+                (*id, fact)
+            })
+            .collect();
         let provider = ids
             .iter()
-            .map(|id| (herald_core::idempotency::send_effect_key(*id), 1))
+            .map(|id| {
+                let view = ProviderView {
+                    submits: 1,
+                    final_receipt: ProviderFinal::Final(MessageState::Delivered),
+                };
+                (send_effect_key(*id), view)
+            })
             .collect();
         (ids, facts, provider)
+    }
+
+    fn proof(
+        ids: &[Uuid],
+        facts: &HashMap<Uuid, Facts>,
+        provider: &HashMap<String, ProviderView>,
+        expected: &str,
+    ) -> Proof {
+        let verdict = tally(ids, facts, provider, expected.parse().unwrap());
+        Proof::new(verdict, provider, 0)
     }
 
     #[test]
     fn everything_delivered_once_is_ok() {
         let (ids, facts, mut provider) = setup(10);
         // A retried submit with the same key is allowed and counted.
-        provider.insert(herald_core::idempotency::send_effect_key(ids[3]), 2);
-        let proof = Proof::build(&ids, &facts, &provider, 0);
+        provider.get_mut(&send_effect_key(ids[3])).unwrap().submits = 2;
+        let proof = proof(&ids, &facts, &provider, "");
         assert_eq!((proof.accepted, proof.delivered, proof.lost), (10, 10, 0));
         assert_eq!(proof.duplicate_provider_submits, 1);
         assert_eq!(proof.exit_code(), 0);
@@ -188,11 +195,11 @@ mod tests {
     #[test]
     fn an_id_missing_from_the_provider_record_is_lost_and_fails_the_run() {
         let (ids, facts, mut provider) = setup(10);
-        provider.remove(&herald_core::idempotency::send_effect_key(ids[7]));
-        let proof = Proof::build(&ids, &facts, &provider, 0);
+        provider.remove(&send_effect_key(ids[7]));
+        let proof = proof(&ids, &facts, &provider, "");
         assert_eq!(proof.lost, 1);
-        assert_eq!(proof.lost_missing_at_provider, 1);
-        assert_eq!(proof.lost_sample, vec![ids[7]]);
+        assert_eq!(proof.verdict.count(Fate::MissingAtProvider), 1);
+        assert_eq!(proof.verdict.examples["missing_at_provider"], vec![ids[7]]);
         assert_eq!(proof.delivered, 9);
         assert_eq!(proof.exit_code(), 1);
     }
@@ -201,37 +208,66 @@ mod tests {
     fn an_id_the_database_never_saw_is_lost() {
         let (ids, mut facts, provider) = setup(3);
         facts.remove(&ids[0]);
-        let proof = Proof::build(&ids, &facts, &provider, 0);
-        assert_eq!((proof.lost, proof.lost_missing_in_database), (1, 1));
+        let proof = proof(&ids, &facts, &provider, "");
+        assert_eq!((proof.lost, proof.verdict.count(Fate::Missing)), (1, 1));
         assert!(!proof.ok());
     }
 
     #[test]
     fn two_ledger_rows_or_a_replay_with_a_new_id_are_doubled() {
         let (ids, mut facts, provider) = setup(3);
-        facts.get_mut(&ids[1]).unwrap().effects = 2;
-        let proof = Proof::build(&ids, &facts, &provider, 0);
-        assert_eq!((proof.duplicate_effects, proof.lost), (1, 0));
-        assert_eq!(proof.exit_code(), 1);
+        facts
+            .get_mut(&ids[1])
+            .unwrap()
+            .ledger_keys
+            .push("again".to_owned());
+        let doubled = proof(&ids, &facts, &provider, "");
+        assert_eq!((doubled.doubled(), doubled.lost), (1, 0));
+        assert_eq!(doubled.exit_code(), 1);
         let (ids, facts, provider) = setup(3);
-        assert_eq!(Proof::build(&ids, &facts, &provider, 1).exit_code(), 1);
+        let verdict = tally(&ids, &facts, &provider, Expectations::default());
+        assert_eq!(Proof::new(verdict, &provider, 1).exit_code(), 1);
     }
 
     #[test]
-    fn dead_and_failed_are_outcomes_not_losses() {
+    fn dead_without_a_provider_call_fails_the_run_unless_declared() {
         let (ids, mut facts, mut provider) = setup(3);
-        for (i, set) in [(0usize, true), (1, false)] {
-            let fact = facts.get_mut(&ids[i]).unwrap();
-            fact.effects = 0;
-            if set {
-                fact.dead = true;
-            } else {
-                fact.failed = true;
-            }
-            provider.remove(&herald_core::idempotency::send_effect_key(ids[i]));
-        }
-        let proof = Proof::build(&ids, &facts, &provider, 0);
-        assert_eq!((proof.dead, proof.failed, proof.lost), (1, 1, 0));
-        assert!(proof.ok());
+        let fact = facts.get_mut(&ids[0]).unwrap();
+        fact.ledger_keys.clear();
+        fact.dead = true;
+        fact.state = Some(MessageState::Dead);
+        provider.remove(&send_effect_key(ids[0]));
+        let undeclared = proof(&ids, &facts, &provider, "");
+        assert_eq!(undeclared.verdict.count(Fate::Dead), 1);
+        assert_eq!(
+            undeclared.exit_code(),
+            1,
+            "DEAD is not an outcome a user accepts"
+        );
+        assert_eq!(proof(&ids, &facts, &provider, "dead=1").exit_code(), 0);
+        assert_eq!(proof(&ids, &facts, &provider, "dead=2").exit_code(), 1);
+    }
+
+    #[test]
+    fn dead_with_a_provider_effect_fails_even_when_dead_is_declared() {
+        let (ids, mut facts, provider) = setup(3);
+        let fact = facts.get_mut(&ids[2]).unwrap();
+        fact.ledger_keys.clear();
+        fact.dead = true;
+        let proof = proof(&ids, &facts, &provider, "dead=1");
+        assert_eq!(proof.verdict.count(Fate::DeadWithEffect), 1);
+        assert_eq!(proof.exit_code(), 1);
+    }
+
+    #[test]
+    fn a_final_state_other_than_the_provider_s_fails_the_run() {
+        let (ids, facts, mut provider) = setup(2);
+        provider
+            .get_mut(&send_effect_key(ids[0]))
+            .unwrap()
+            .final_receipt = ProviderFinal::Final(MessageState::Undelivered);
+        let proof = proof(&ids, &facts, &provider, "");
+        assert_eq!(proof.verdict.count(Fate::WrongFinalState), 1);
+        assert_eq!(proof.exit_code(), 1);
     }
 }

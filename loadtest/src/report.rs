@@ -22,8 +22,8 @@ pub struct Report {
     pub load: LoadCounts,
     pub drain: Drain,
     pub proof: Proof,
-    /// `herald verify`'s counts over the whole database (herald-store's verifier); for a
-    /// local run they cover exactly this load.
+    /// `herald verify`'s verdict over the whole database (herald-store's verifier); for a
+    /// local run it covers exactly this load (and requests cut off after their commit).
     pub database: serde_json::Value,
     pub latency: Latency,
     pub throughput: Throughput,
@@ -131,26 +131,20 @@ impl Report {
         println!("proof");
         println!("  accepted                    {}", p.accepted);
         println!("  delivered                   {}", p.delivered);
-        println!(
-            "  lost                        {}   (missing in database {}, at provider {}, without outcome {})",
-            p.lost, p.lost_missing_in_database, p.lost_missing_at_provider, p.lost_without_outcome
-        );
+        println!("  lost                        {}", p.lost);
         println!(
             "  doubled                     {}   (duplicate effects {}, replays answered with a new id {})",
             p.doubled(),
-            p.duplicate_effects,
+            p.verdict.doubled(),
             p.replay_mismatches
         );
         println!(
             "  duplicate provider submits  {}   (allowed: same idempotency key)",
             p.duplicate_provider_submits
         );
-        println!(
-            "  DEAD {}  FAILED {}  UNKNOWN {}",
-            p.dead, p.failed, p.unknown
-        );
-        if !p.lost_sample.is_empty() {
-            println!("  some lost ids: {:?}", p.lost_sample);
+        println!("  every message's end:");
+        for line in p.verdict.lines() {
+            println!("    {line}");
         }
         println!();
         println!("latency");
@@ -191,11 +185,22 @@ impl Report {
             }
         }
         println!();
+        let wrong: Vec<String> = p
+            .verdict
+            .violations()
+            .iter()
+            .map(|v| format!("{} {} (expected {})", v.class, v.found, v.expected))
+            .collect();
         println!(
-            "verdict: {} (lost {}, doubled {})",
+            "verdict: {} (lost {}, doubled {}{})",
             if self.ok { "OK" } else { "FAILED" },
             p.lost,
-            p.doubled()
+            p.doubled(),
+            if wrong.is_empty() {
+                String::new()
+            } else {
+                format!("; wrong: {}", wrong.join(", "))
+            }
         );
     }
 

@@ -18,8 +18,9 @@ use crate::breakdown::{self, Scraper};
 use crate::chaos::{self, Scenario};
 use crate::latency::{self, Percentiles};
 use crate::load::{self, LoadSettings, Phase};
-use crate::proof::{self, Facts, Proof};
+use crate::proof::{self, Facts};
 use crate::report::{Drain, Latency, LoadCounts, Report, Throughput, TimelineSecond};
+use herald_core::verdict::{Expectations, Fate};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadArgs {
@@ -61,9 +62,20 @@ pub struct LoadArgs {
     /// Seed of the recipients, keys and replays (printed in the report).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Longest wait after the load for every accepted message to have an outcome.
+    /// Longest wait after the load for every accepted message to have an outcome (its
+    /// final receipt included).
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// Ends the run declares, exactly: CLASS=COUNT,… with CLASS one of dead, failed_wrongly,
+    /// unknown, receipt_parked, parked (e.g. `--expect dead=200` for a provider outage). Any
+    /// other end that is not delivered or rejected fails the run.
+    #[arg(long, default_value = "", value_parser = parse_expectations)]
+    pub expect: Expectations,
+}
+
+fn parse_expectations(text: &str) -> Result<Expectations, String> {
+    text.parse()
+        .map_err(|err: herald_core::verdict::BadExpectation| err.to_string())
 }
 
 impl LoadArgs {
@@ -299,17 +311,27 @@ pub async fn run(
 
     let ids: Vec<Uuid> = outcome.accepted.iter().map(|(id, _)| *id).collect();
     let drain_started = Instant::now();
-    let complete = drain(&pool, &ids, load_args.drain_timeout).await?;
+    let complete = drain(&pool, &ids, &target.sim_url, load_args.drain_timeout).await?;
     let drain = Drain {
         complete,
         seconds: drain_started.elapsed().as_secs_f64(),
     };
     let accumulator = scraper.finish().await;
 
-    let facts = proof::facts(&pool, &ids).await?;
-    let provider = proof::provider_submits(&target.sim_url).await?;
-    let proof = Proof::build(&ids, &facts, &provider, outcome.replay_mismatches);
-    let database = serde_json::to_value(herald_store::verify::ledger_summary(&pool).await?)?;
+    let (proof, facts) = proof::prove(
+        &pool,
+        &ids,
+        &target.sim_url,
+        load_args.expect.clone(),
+        outcome.replay_mismatches,
+    )
+    .await?;
+    let database = {
+        let provider = proof::provider_views(&target.sim_url).await?;
+        let (whole, _) =
+            herald_store::verify::prove(&pool, None, &provider, load_args.expect.clone()).await?;
+        serde_json::to_value(whole)?
+    };
     let first_submits = match &target.sim_log {
         Some(log) => Some(proof::first_submits(log)?),
         None => None,
@@ -498,8 +520,14 @@ pub fn find_herald(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     )
 }
 
-/// Waits until every id has an outcome (effect, DEAD or FAILED), up to `timeout`.
-async fn drain(pool: &sqlx::PgPool, ids: &[Uuid], timeout: Duration) -> anyhow::Result<bool> {
+/// Waits until every id has an outcome (its final receipt included, when the provider sends
+/// one), up to `timeout`.
+async fn drain(
+    pool: &sqlx::PgPool,
+    ids: &[Uuid],
+    sim_url: &str,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
     let bar = ProgressBar::new(ids.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("drain {elapsed_precise} [{bar:30}] {pos}/{len} settled")
@@ -515,7 +543,23 @@ async fn drain(pool: &sqlx::PgPool, ids: &[Uuid], timeout: Duration) -> anyhow::
     let total = waiting.len() as u64;
     loop {
         let facts = proof::facts(pool, &waiting).await?;
-        waiting.retain(|id| !facts.get(id).is_some_and(Facts::settled));
+        // Only messages with an effect need the provider's word (their receipts).
+        let with_effect = waiting
+            .iter()
+            .any(|id| facts.get(id).is_some_and(|f| !f.ledger_keys.is_empty()));
+        let provider = if with_effect {
+            proof::provider_views(sim_url).await?
+        } else {
+            HashMap::new()
+        };
+        waiting.retain(|id| {
+            let fact = facts.get(id).cloned().unwrap_or_default();
+            let view = provider
+                .get(&herald_core::send_effect_key(*id))
+                .copied()
+                .unwrap_or_default();
+            herald_core::verdict::classify(*id, &fact.evidence(view)) == Fate::Unsettled
+        });
         bar.set_position(total - waiting.len() as u64);
         if waiting.is_empty() {
             bar.finish_and_clear();
@@ -525,7 +569,7 @@ async fn drain(pool: &sqlx::PgPool, ids: &[Uuid], timeout: Duration) -> anyhow::
             bar.abandon();
             return Ok(false);
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
     }
 }
 

@@ -10,6 +10,7 @@ pub mod job;
 pub mod partition;
 pub mod receipt;
 pub mod state;
+pub mod verdict;
 
 pub use fence::Fence;
 pub use idempotency::send_effect_key;

@@ -21,8 +21,9 @@ use axum::{Json, Router};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+pub use receipts::PlannedReceipt;
 pub use receipts::{Faults, ReceiptRates};
-pub use record::{Record, SubmitAnswer};
+pub use record::{Effect, Record, SubmitAnswer};
 
 /// The simulator's behaviour.
 #[derive(Debug, Clone)]
@@ -41,6 +42,11 @@ pub struct SimSettings {
     /// times out first: the outcome is unknown to it).
     pub timeout_rate: f64,
     pub timeout_delay: Duration,
+    /// Share of submits refused for their content (422), with no effect.
+    pub reject_rate: f64,
+    /// Answer every submit with this status and take no effect: a gateway Herald is
+    /// misconfigured for (404: wrong URL, 401: wrong credentials).
+    pub refuse_status: Option<u16>,
     /// Append-only record of every first submit.
     pub log_path: PathBuf,
     /// Where delivery receipts go: Herald's API base URL (receipts are posted to
@@ -62,6 +68,8 @@ impl Default for SimSettings {
             error_rate: 0.0,
             timeout_rate: 0.0,
             timeout_delay: Duration::from_secs(30),
+            reject_rate: 0.0,
+            refuse_status: None,
             log_path: PathBuf::from("provider-sim-submits.jsonl"),
             callback_url: None,
             callback_token: None,
@@ -80,6 +88,9 @@ pub struct Stats {
     pub duplicate_submits: u64,
     pub injected_errors: u64,
     pub injected_timeouts: u64,
+    /// Submits refused for their content (422, no effect).
+    #[serde(default)]
+    pub injected_rejections: u64,
     /// Receipts delivered to the callback (answered 2xx).
     pub receipts_sent: u64,
     /// Receipts given up on after every retry failed.
@@ -104,10 +115,17 @@ pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
     for (name, rate) in [
         ("error", settings.error_rate),
         ("timeout", settings.timeout_rate),
+        ("reject", settings.reject_rate),
     ] {
         anyhow::ensure!(
             (0.0..=1.0).contains(&rate),
             "{name} rate must be within 0..=1, got {rate}"
+        );
+    }
+    if let Some(status) = settings.refuse_status {
+        anyhow::ensure!(
+            (400..=599).contains(&status),
+            "the refusal status must be a 4xx or 5xx, got {status}"
         );
     }
     settings.receipts.validate()?;
@@ -128,6 +146,7 @@ pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
         faults: Arc::new(std::sync::Mutex::new(Faults {
             error_rate: settings.error_rate,
             timeout_rate: settings.timeout_rate,
+            reject_rate: settings.reject_rate,
         })),
         settings: Arc::new(settings),
         record,
@@ -137,6 +156,7 @@ pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
         .route("/v1/submit", post(submit))
         .route("/v1/stats", get(stats))
         .route("/v1/submits", get(submits))
+        .route("/v1/effects", get(effects))
         .route("/v1/faults", get(get_faults).put(set_faults))
         .with_state(sim))
 }
@@ -149,6 +169,15 @@ struct SubmitRequest {
 }
 
 async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    if let Some(status) = sim.settings.refuse_status {
+        metrics::counter!("herald_sim_submits_total", "outcome" => "error").increment(1);
+        sim.record.lock().await.count_error();
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND);
+        return error(
+            status,
+            "refused: this gateway is configured to refuse every submit",
+        );
+    }
     let Some(key) = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -168,7 +197,7 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
         return error(StatusCode::UNPROCESSABLE_ENTITY, "recipient is empty");
     }
     let faults = sim.faults.lock().map(|f| *f).unwrap_or_default();
-    let (latency, fail, time_out) = {
+    let (latency, fail, time_out, reject) = {
         let mut rng = rand::rng();
         let jitter = sim.settings.jitter.as_micros() as u64;
         let extra = if jitter > 0 {
@@ -180,6 +209,7 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
             sim.settings.latency + Duration::from_micros(extra),
             rng.random_bool(faults.error_rate),
             rng.random_bool(faults.timeout_rate),
+            rng.random_bool(faults.reject_rate),
         )
     };
     if !latency.is_zero() {
@@ -191,6 +221,14 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "injected error (no effect)",
+        );
+    }
+    if reject {
+        sim.record.lock().await.count_rejection();
+        metrics::counter!("herald_sim_submits_total", "outcome" => "rejected").increment(1);
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "recipient refused by the provider (injected rejection, no effect)",
         );
     }
     let answer = match sim.record.lock().await.submit(&key) {
@@ -207,7 +245,7 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
         .increment(1);
     if !answer.duplicate {
         if let Some(receipts) = &sim.receipts {
-            receipts.schedule(&answer);
+            receipts.schedule(&key, &answer);
         }
     }
     if time_out {
@@ -224,7 +262,8 @@ async fn get_faults(State(sim): State<Sim>) -> Json<Faults> {
 
 /// `PUT /v1/faults`: changes the injected rates at run time (a provider outage and its end).
 async fn set_faults(State(sim): State<Sim>, Json(faults): Json<Faults>) -> Response {
-    if !(0.0..=1.0).contains(&faults.error_rate) || !(0.0..=1.0).contains(&faults.timeout_rate) {
+    let rates = [faults.error_rate, faults.timeout_rate, faults.reject_rate];
+    if !rates.iter().all(|rate| (0.0..=1.0).contains(rate)) {
         return error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "rates must be within 0..=1",
@@ -244,6 +283,67 @@ async fn stats(State(sim): State<Sim>) -> Json<Stats> {
 /// Every key with its submit count, one `key count` line each.
 async fn submits(State(sim): State<Sim>) -> String {
     sim.record.lock().await.key_counts()
+}
+
+/// Every key's effect and planned receipts, one JSON line each (for the proof).
+async fn effects(State(sim): State<Sim>) -> String {
+    sim.record
+        .lock()
+        .await
+        .effects(sim.settings.callback_url.is_some())
+}
+
+/// Reads a running simulator's `GET /v1/effects`: what it did with every idempotency key.
+pub async fn fetch_effects(
+    sim_url: &str,
+    timeout: Duration,
+) -> anyhow::Result<std::collections::HashMap<String, Effect>> {
+    let url = format!("{}/v1/effects", sim_url.trim_end_matches('/'));
+    let text = reqwest::Client::new()
+        .get(&url)
+        .timeout(timeout)
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    let mut effects = std::collections::HashMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let effect: Effect = serde_json::from_str(line)
+            .map_err(|err| anyhow::anyhow!("unreadable line from {url}: {err}: {line:?}"))?;
+        effects.insert(effect.key.clone(), effect);
+    }
+    Ok(effects)
+}
+
+impl Effect {
+    /// The effect as the proof sees it: submits and the final receipt the provider sent.
+    pub fn view(&self) -> herald_core::verdict::ProviderView {
+        let receipts = self.receipts.as_ref().map(|planned| {
+            planned
+                .iter()
+                .map(|r| (r.status.as_str(), r.malformed_timestamp))
+        });
+        herald_core::verdict::ProviderView {
+            submits: self.submits,
+            final_receipt: herald_core::verdict::ProviderFinal::from_receipts(receipts),
+        }
+    }
+}
+
+/// [`fetch_effects`] as the proof sees them, by effect key.
+pub async fn fetch_provider_views(
+    sim_url: &str,
+    timeout: Duration,
+) -> anyhow::Result<std::collections::HashMap<String, herald_core::verdict::ProviderView>> {
+    Ok(fetch_effects(sim_url, timeout)
+        .await?
+        .into_iter()
+        .map(|(key, effect)| {
+            let view = effect.view();
+            (key, view)
+        })
+        .collect())
 }
 
 /// Reads a running simulator's `GET /v1/submits`: how often each idempotency key was

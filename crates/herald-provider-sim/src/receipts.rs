@@ -16,6 +16,10 @@ use crate::record::{Record, SubmitAnswer};
 pub struct Faults {
     pub error_rate: f64,
     pub timeout_rate: f64,
+    /// Share of submits refused for their content (422), with no effect: a permanent
+    /// rejection the caller caused.
+    #[serde(default)]
+    pub reject_rate: f64,
 }
 
 /// What receipts a submit gets.
@@ -101,12 +105,17 @@ impl Sender {
         })
     }
 
-    /// Schedules the receipts of one first submit.
-    pub fn schedule(&self, answer: &SubmitAnswer) {
-        let bodies = self.compose(answer);
+    /// Schedules the receipts of one first submit of `key`. What will be sent is recorded
+    /// first, so a proof can compare the state Herald ends in with the receipts it got.
+    pub fn schedule(&self, key: &str, answer: &SubmitAnswer) {
+        let (bodies, plan) = self.compose(answer);
         let sender = self.clone();
         let gateway = answer.gateway.clone();
+        let key = key.to_owned();
         tokio::spawn(async move {
+            if let Err(err) = sender.record.lock().await.plan_receipts(&key, plan) {
+                tracing::error!(error = %err, "cannot append the receipt plan to the submit log");
+            }
             for body in bodies {
                 tokio::time::sleep(sender.rates.delay).await;
                 sender.post(&gateway, body).await;
@@ -114,7 +123,7 @@ impl Sender {
         });
     }
 
-    fn compose(&self, answer: &SubmitAnswer) -> Vec<Value> {
+    fn compose(&self, answer: &SubmitAnswer) -> (Vec<Value>, Vec<PlannedReceipt>) {
         let rates = &self.rates;
         let mut rng = rand::rng();
         let mut statuses = Vec::with_capacity(2);
@@ -137,13 +146,19 @@ impl Sender {
         statuses
             .into_iter()
             .map(|status| {
-                json!({
+                let (timestamp, malformed) = timestamp(&mut rng, rates.bad_timestamp_rate);
+                let body = json!({
                     "provider_id": answer.provider_id,
                     "status": status,
-                    "timestamp": timestamp(&mut rng, rates.bad_timestamp_rate),
-                })
+                    "timestamp": timestamp,
+                });
+                let plan = PlannedReceipt {
+                    status: status.to_owned(),
+                    malformed_timestamp: malformed,
+                };
+                (body, plan)
             })
-            .collect()
+            .unzip()
     }
 
     async fn post(&self, gateway: &str, body: Value) {
@@ -174,19 +189,28 @@ impl Sender {
     }
 }
 
-/// A receipt timestamp in one of the three formats gateways use, or a malformed one.
-fn timestamp(rng: &mut impl Rng, bad_rate: f64) -> Value {
+/// One receipt the simulator sends for a submit, as recorded for the proof.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedReceipt {
+    pub status: String,
+    pub malformed_timestamp: bool,
+}
+
+/// A receipt timestamp in one of the three formats gateways use, or a malformed one (true).
+fn timestamp(rng: &mut impl Rng, bad_rate: f64) -> (Value, bool) {
     if rng.random_bool(bad_rate) {
-        return match rng.random_range(0..3) {
+        let bad = match rng.random_range(0..3) {
             0 => json!("not-a-time"),
             1 => json!("2613451299"), // month 13, day 45
             _ => json!("12/02/2026 15:04"),
         };
+        return (bad, true);
     }
     let now = chrono::Utc::now();
-    match rng.random_range(0..3) {
+    let good = match rng.random_range(0..3) {
         0 => json!(now.to_rfc3339()),
         1 => json!(now.timestamp()),
         _ => json!(now.format("%y%m%d%H%M").to_string()),
-    }
+    };
+    (good, false)
 }

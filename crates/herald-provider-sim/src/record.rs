@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::receipts::PlannedReceipt;
 use crate::Stats;
 
 /// The answer to a submit.
@@ -31,11 +32,31 @@ struct LogLine {
     n: u64,
 }
 
+/// A log line naming the receipts planned for a key's first submit.
+#[derive(Debug, Serialize, Deserialize)]
+struct ReceiptLine {
+    key: String,
+    receipts: Vec<PlannedReceipt>,
+}
+
+/// What the provider did with one idempotency key: `GET /v1/effects`, one JSON line each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Effect {
+    pub key: String,
+    /// Submits that took effect or were deduped.
+    pub submits: u64,
+    pub gateway: String,
+    pub provider_id: String,
+    /// The receipts planned for it, in order (None: the simulator posts no receipts).
+    pub receipts: Option<Vec<PlannedReceipt>>,
+}
+
 pub struct Record {
     gateways: Vec<String>,
     id_wrap: u32,
     next_id: Vec<u32>,
     answers: HashMap<String, (SubmitAnswer, u64)>,
+    receipts: HashMap<String, Vec<PlannedReceipt>>,
     stats: Stats,
     log: File,
 }
@@ -48,6 +69,7 @@ impl Record {
             id_wrap,
             next_id: vec![0; gateways.len()],
             answers: HashMap::new(),
+            receipts: HashMap::new(),
             stats: Stats::default(),
             log: OpenOptions::new()
                 .create(true)
@@ -62,11 +84,13 @@ impl Record {
                 continue;
             }
             // A torn last line (killed mid-write) is the only acceptable damage.
-            let Ok(entry) = serde_json::from_str::<LogLine>(&line) else {
+            if let Ok(entry) = serde_json::from_str::<LogLine>(&line) {
+                record.replay(entry);
+            } else if let Ok(planned) = serde_json::from_str::<ReceiptLine>(&line) {
+                record.receipts.insert(planned.key, planned.receipts);
+            } else {
                 tracing::warn!(line = number + 1, "skipping an unreadable submit-log line");
-                continue;
-            };
-            record.replay(entry);
+            }
         }
         Ok(record)
     }
@@ -130,6 +154,48 @@ impl Record {
         self.log.write_all(&bytes)?;
         self.replay(line);
         Ok(answer)
+    }
+
+    /// Records, before any is posted, the receipts a first submit of `key` gets.
+    pub fn plan_receipts(
+        &mut self,
+        key: &str,
+        receipts: Vec<PlannedReceipt>,
+    ) -> anyhow::Result<()> {
+        let line = ReceiptLine {
+            key: key.to_owned(),
+            receipts,
+        };
+        let mut bytes = serde_json::to_vec(&line)?;
+        bytes.push(b'\n');
+        self.log.write_all(&bytes)?;
+        self.receipts.insert(line.key, line.receipts);
+        Ok(())
+    }
+
+    /// Every key's effect, one JSON line each. `with_receipts` is false when the simulator
+    /// posts no receipts at all.
+    pub fn effects(&self, with_receipts: bool) -> String {
+        let mut out = String::with_capacity(self.answers.len() * 160);
+        for (key, (answer, count)) in &self.answers {
+            let effect = Effect {
+                key: key.clone(),
+                submits: *count,
+                gateway: answer.gateway.clone(),
+                provider_id: answer.provider_id.clone(),
+                receipts: with_receipts
+                    .then(|| self.receipts.get(key).cloned().unwrap_or_default()),
+            };
+            if let Ok(line) = serde_json::to_string(&effect) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    pub fn count_rejection(&mut self) {
+        self.stats.injected_rejections += 1;
     }
 
     pub fn count_error(&mut self) {

@@ -182,8 +182,9 @@ pub async fn schedule_retry(
     })
 }
 
-/// Appends FAILED with the reason: the message will not be sent (an internal check or the
-/// provider rejected it for good).
+/// Appends FAILED with the reason: the message will not be sent, because the provider refused
+/// its content for good. The event says so (`cause: content`), which is how a proof tells a
+/// rejection the caller caused from a failure of Herald's.
 pub async fn record_failed(
     pool: &PgPool,
     message_id: Uuid,
@@ -194,7 +195,7 @@ pub async fn record_failed(
         sqlx::query(
             "WITH settled AS (DELETE FROM in_flight_sends WHERE message_id = $1)
              INSERT INTO message_events (message_id, state, detail)
-             VALUES ($1, 'FAILED', jsonb_build_object('reason', $2::text))",
+             VALUES ($1, 'FAILED', jsonb_build_object('reason', $2::text, 'cause', 'content'))",
         )
         .bind(message_id)
         .bind(reason)
@@ -222,7 +223,8 @@ pub async fn reject_before_claim(
                  RETURNING message_id
              )
              INSERT INTO message_events (message_id, state, detail)
-             SELECT message_id, 'FAILED', jsonb_build_object('reason', $3::text, 'stage', 'internal check')
+             SELECT message_id, 'FAILED', jsonb_build_object('reason', $3::text, 'stage', 'internal check',
+                                                      'cause', 'content')
              FROM done",
         )
         .bind(partition as i32)

@@ -1,148 +1,222 @@
-//! The verifier's counts: what was accepted, what has its effect, and what is missing.
+//! The database side of the proof: what PostgreSQL knows of each accepted message, and the
+//! findings no single message shows (parked input, unfinished receipts, outbox rows that went
+//! missing). [`prove`] joins them with the provider's record into a
+//! [`herald_core::verdict::Verdict`]; the verdict itself is decided in herald-core.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
+use herald_core::verdict::{
+    classify, message_of_effect_key, Evidence, Expectations, FailureCause, Finding, ProviderView,
+    Verdict,
+};
+use herald_core::{send_effect_key, MessageState};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
 
-/// The database side of the proof that nothing was lost or doubled.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct LedgerSummary {
-    /// Messages committed by the API.
-    pub accepted: i64,
-    /// Messages with a ledger row: the provider accepted them.
-    pub delivered: i64,
-    /// Messages whose outbox row is DEAD (visible, re-drivable, not lost).
-    pub dead: i64,
-    /// Messages that ended FAILED by an internal check or a permanent provider rejection.
-    pub failed: i64,
-    /// Messages with no ledger row that are neither DEAD nor FAILED.
-    pub lost: i64,
-    /// Messages with more than one ledger row (must be 0).
-    pub duplicate_effects: i64,
-    /// Up to 20 ids of lost messages, to start an investigation.
-    pub lost_sample: Vec<Uuid>,
-}
-
-/// Counts over the whole database. Run it after the pipeline drained: a message still in
-/// flight counts as lost.
-pub async fn ledger_summary(pool: &PgPool) -> Result<LedgerSummary, StoreError> {
-    let (accepted, delivered, dead, failed, duplicate_effects): (i64, i64, i64, i64, i64) =
-        sqlx::query_as(
-            "SELECT
-                 (SELECT count(*) FROM messages),
-                 (SELECT count(DISTINCT message_id) FROM ledger),
-                 (SELECT count(DISTINCT message_id) FROM outbox
-                  WHERE status = 'DEAD' AND job_type = 'send'),
-                 (SELECT count(DISTINCT message_id) FROM message_events WHERE state = 'FAILED'),
-                 (SELECT count(*) FROM (SELECT message_id FROM ledger
-                                        GROUP BY message_id HAVING count(*) > 1) d)",
-        )
-        .fetch_one(pool)
-        .await?;
-    let lost_ids: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT m.id FROM messages m
-         WHERE NOT EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = m.id)
-           AND NOT EXISTS (SELECT 1 FROM outbox o
-                           WHERE o.message_id = m.id AND o.status = 'DEAD')
-           AND NOT EXISTS (SELECT 1 FROM message_events e
-                           WHERE e.message_id = m.id AND e.state = 'FAILED')",
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(LedgerSummary {
-        accepted,
-        delivered,
-        dead,
-        failed,
-        lost: lost_ids.len() as i64,
-        duplicate_effects,
-        lost_sample: lost_ids.into_iter().take(20).collect(),
-    })
-}
-
-/// The idempotency keys of every effect in the ledger, to check against the provider's log.
-pub async fn ledger_keys(pool: &PgPool) -> Result<Vec<String>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT idempotency_key FROM ledger")
-        .fetch_all(pool)
-        .await?)
-}
-
-/// What PostgreSQL knows about one message, for a proof that goes id by id (the load
-/// tester's): when it was accepted, its effects, and how it ended.
+/// What PostgreSQL knows about one message.
 #[derive(Debug, Clone, Default)]
 pub struct MessageFacts {
     /// `messages.created_at`: the accept transaction.
-    pub created_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// Ledger rows (effects).
-    pub effects: i64,
+    pub created_at: Option<DateTime<Utc>>,
+    /// Idempotency keys of its ledger rows (its effects).
+    pub ledger_keys: Vec<String>,
+    /// Its current state: the highest-ranked event.
+    pub state: Option<MessageState>,
+    /// Its send outbox row is DEAD.
     pub dead: bool,
-    pub failed: bool,
-    pub unknown: bool,
+    /// It has a FAILED event, with this cause.
+    pub failure: Option<FailureCause>,
     /// The first ACCEPTED event.
-    pub accepted_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub accepted_at: Option<DateTime<Utc>>,
 }
 
 impl MessageFacts {
-    /// The message has an outcome: an effect, DEAD or FAILED.
-    pub fn settled(&self) -> bool {
-        self.effects > 0 || self.dead || self.failed
+    /// The evidence for the verdict, with what the provider knows of the message's key.
+    pub fn evidence(&self, provider: ProviderView) -> Evidence {
+        Evidence {
+            in_database: self.created_at.is_some(),
+            ledger_keys: self.ledger_keys.clone(),
+            state: self.state,
+            dead: self.dead,
+            failure: self.failure,
+            provider_submits: provider.submits,
+            provider_final: provider.final_receipt,
+        }
     }
 }
 
-/// Looks up `ids` in PostgreSQL, 5,000 at a time.
+#[derive(sqlx::FromRow)]
+struct FactRow {
+    id: Uuid,
+    created_at: DateTime<Utc>,
+    keys: Vec<String>,
+    state: Option<String>,
+    dead: bool,
+    failure: Option<String>,
+    accepted_at: Option<DateTime<Utc>>,
+}
+
+const FACTS: &str = "
+SELECT m.id, m.created_at,
+       ARRAY(SELECT l.idempotency_key FROM ledger l WHERE l.message_id = m.id) AS keys,
+       (SELECT e.state FROM message_events e WHERE e.message_id = m.id
+        ORDER BY herald_state_rank(e.state) DESC, e.seq DESC LIMIT 1) AS state,
+       EXISTS (SELECT 1 FROM outbox o WHERE o.message_id = m.id AND o.job_type = 'send'
+                                       AND o.status = 'DEAD') AS dead,
+       (SELECT coalesce(e.detail->>'cause', 'other') FROM message_events e
+        WHERE e.message_id = m.id AND e.state = 'FAILED' ORDER BY e.seq DESC LIMIT 1) AS failure,
+       (SELECT min(e.at) FROM message_events e
+        WHERE e.message_id = m.id AND e.state = 'ACCEPTED') AS accepted_at
+FROM messages m WHERE m.id = ANY($1)";
+
+/// Looks up `ids` in PostgreSQL, 5,000 at a time. An id the database does not have is absent
+/// from the answer.
 pub async fn message_facts(
     pool: &PgPool,
     ids: &[Uuid],
 ) -> Result<HashMap<Uuid, MessageFacts>, StoreError> {
     let mut out: HashMap<Uuid, MessageFacts> = HashMap::with_capacity(ids.len());
     for chunk in ids.chunks(5000) {
-        let chunk = chunk.to_vec();
-        let created: Vec<(Uuid, chrono::DateTime<chrono::Utc>)> =
-            sqlx::query_as("SELECT id, created_at FROM messages WHERE id = ANY($1)")
-                .bind(&chunk)
-                .fetch_all(pool)
-                .await?;
-        for (id, at) in created {
-            out.entry(id).or_default().created_at = Some(at);
-        }
-        let effects: Vec<(Uuid, i64)> = sqlx::query_as(
-            "SELECT message_id, count(*) FROM ledger WHERE message_id = ANY($1) GROUP BY 1",
-        )
-        .bind(&chunk)
-        .fetch_all(pool)
-        .await?;
-        for (id, n) in effects {
-            out.entry(id).or_default().effects = n;
-        }
-        let events: Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-            "SELECT message_id, state, min(at) FROM message_events
-             WHERE message_id = ANY($1) AND state IN ('ACCEPTED', 'FAILED', 'UNKNOWN')
-             GROUP BY 1, 2",
-        )
-        .bind(&chunk)
-        .fetch_all(pool)
-        .await?;
-        for (id, state, at) in events {
-            let fact = out.entry(id).or_default();
-            match state.as_str() {
-                "ACCEPTED" => fact.accepted_at = Some(at),
-                "FAILED" => fact.failed = true,
-                _ => fact.unknown = true,
-            }
-        }
-        let dead: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT DISTINCT message_id FROM outbox
-             WHERE message_id = ANY($1) AND job_type = 'send' AND status = 'DEAD'",
-        )
-        .bind(&chunk)
-        .fetch_all(pool)
-        .await?;
-        for id in dead {
-            out.entry(id).or_default().dead = true;
+        let rows: Vec<FactRow> = sqlx::query_as(FACTS).bind(chunk).fetch_all(pool).await?;
+        for row in rows {
+            let state = match row.state {
+                Some(state) => Some(state.parse().map_err(
+                    |err: herald_core::state::UnknownState| StoreError::Corrupt(err.to_string()),
+                )?),
+                None => None,
+            };
+            out.insert(
+                row.id,
+                MessageFacts {
+                    created_at: Some(row.created_at),
+                    ledger_keys: row.keys,
+                    state,
+                    dead: row.dead,
+                    failure: row.failure.map(|cause| match cause.as_str() {
+                        "content" => FailureCause::Content,
+                        _ => FailureCause::Other,
+                    }),
+                    accepted_at: row.accepted_at,
+                },
+            );
         }
     }
     Ok(out)
+}
+
+/// Every message id in the database.
+pub async fn all_message_ids(pool: &PgPool) -> Result<Vec<Uuid>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT id FROM messages")
+        .fetch_all(pool)
+        .await?)
+}
+
+/// The ids among `ids` that the database has.
+async fn existing(pool: &PgPool, ids: &[Uuid]) -> Result<HashSet<Uuid>, StoreError> {
+    let mut out = HashSet::with_capacity(ids.len());
+    for chunk in ids.chunks(5000) {
+        let found: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM messages WHERE id = ANY($1)")
+            .bind(chunk)
+            .fetch_all(pool)
+            .await?;
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// Counts of what no single message shows, over the whole database.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatabaseFindings {
+    /// Parked items not replayed.
+    pub parked: u64,
+    /// Status outbox rows not DONE.
+    pub receipts_unfinished: u64,
+    /// Messages without their send outbox row plus receipts without their status outbox row.
+    pub outbox_rows_missing: u64,
+}
+
+/// Reads the findings. The outbox check is behavioural proof of rule R3: every message has
+/// its send row and every receipt its status row for as long as the database holds them.
+pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreError> {
+    let (parked, unfinished, messages_without, receipts_without): (i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT
+                 (SELECT count(*) FROM parking WHERE replayed_at IS NULL),
+                 (SELECT count(*) FROM outbox WHERE job_type = 'status' AND status <> 'DONE'),
+                 (SELECT count(*) FROM messages m
+                  WHERE NOT EXISTS (SELECT 1 FROM outbox o
+                                    WHERE o.message_id = m.id AND o.job_type = 'send')),
+                 (SELECT count(*) FROM receipts r
+                  WHERE NOT EXISTS (SELECT 1 FROM outbox o
+                                    WHERE o.job_type = 'status'
+                                      AND o.payload->>'receipt_id' = r.id::text))",
+        )
+        .fetch_one(pool)
+        .await?;
+    Ok(DatabaseFindings {
+        parked: parked as u64,
+        receipts_unfinished: unfinished as u64,
+        outbox_rows_missing: (messages_without + receipts_without) as u64,
+    })
+}
+
+/// Classifies every id (once) from its facts and the provider's view of its effect key.
+pub fn tally(
+    ids: &[Uuid],
+    facts: &HashMap<Uuid, MessageFacts>,
+    provider: &HashMap<String, ProviderView>,
+    expected: Expectations,
+) -> Verdict {
+    let mut verdict = Verdict::new(expected);
+    let absent = MessageFacts::default();
+    let mut seen = HashSet::with_capacity(ids.len());
+    for id in ids.iter().filter(|id| seen.insert(**id)) {
+        let fact = facts.get(id).unwrap_or(&absent);
+        let view = provider
+            .get(&send_effect_key(*id))
+            .copied()
+            .unwrap_or_default();
+        let fate = classify(*id, &fact.evidence(view));
+        verdict.add(*id, fate, fact.state);
+    }
+    verdict
+}
+
+/// The proof over `ids` (every message in the database when `None`), against the provider's
+/// record per effect key. Returns the verdict and the facts of each id (for latencies).
+pub async fn prove(
+    pool: &PgPool,
+    ids: Option<&[Uuid]>,
+    provider: &HashMap<String, ProviderView>,
+    expected: Expectations,
+) -> Result<(Verdict, HashMap<Uuid, MessageFacts>), StoreError> {
+    let ids: Vec<Uuid> = match ids {
+        Some(ids) => {
+            let mut seen = HashSet::with_capacity(ids.len());
+            ids.iter().copied().filter(|id| seen.insert(*id)).collect()
+        }
+        None => all_message_ids(pool).await?,
+    };
+    let facts = message_facts(pool, &ids).await?;
+    let mut verdict = tally(&ids, &facts, provider, expected);
+    // The other direction: every effect the provider took belongs to a message.
+    let mut named = Vec::with_capacity(provider.len());
+    let mut unnamed = 0u64;
+    for key in provider.keys() {
+        match message_of_effect_key(key) {
+            Some(id) => named.push(id),
+            None => unnamed += 1,
+        }
+    }
+    let known = existing(pool, &named).await?;
+    let orphans = unnamed + named.iter().filter(|id| !known.contains(id)).count() as u64;
+    let findings = database_findings(pool).await?;
+    verdict.set_finding(Finding::OrphanEffects, orphans);
+    verdict.set_finding(Finding::Parked, findings.parked);
+    verdict.set_finding(Finding::ReceiptsUnfinished, findings.receipts_unfinished);
+    verdict.set_finding(Finding::OutboxRowsMissing, findings.outbox_rows_missing);
+    Ok((verdict, facts))
 }

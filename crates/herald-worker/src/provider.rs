@@ -15,10 +15,10 @@ pub enum SubmitOutcome {
         gateway: String,
         provider_id: String,
     },
-    /// The provider refused the message for good (a 4xx other than 408/429).
+    /// The provider refused the message's content for good (400, 422).
     Rejected { reason: String },
-    /// No answer we can rely on (timeout, connection error, 5xx, 408, 429): the effect may or
-    /// may not have happened; retrying with the same key is safe.
+    /// No answer we can rely on (timeout, connection error, 5xx, 408, 429), or a refusal of
+    /// Herald itself (401, 403, 404, …): retrying with the same key is safe.
     Transient { reason: String },
 }
 
@@ -118,13 +118,50 @@ impl ProviderClient {
             "provider answered {status}: {}",
             text.chars().take(200).collect::<String>()
         );
-        if status.is_client_error()
-            && status != StatusCode::REQUEST_TIMEOUT
-            && status != StatusCode::TOO_MANY_REQUESTS
-        {
+        classify_refusal(status, reason)
+    }
+}
+
+/// Sorts a provider's non-2xx answer. Only a refusal of the message's own content (400, 422)
+/// is final: the caller caused it. A 401, 403, 404 or any other 4xx says Herald is pointed at
+/// the wrong place or holds the wrong credentials — no fault of the message — so it is retried
+/// like a 5xx, loudly, and ends DEAD (visible, re-drivable) if it persists, never FAILED.
+fn classify_refusal(status: StatusCode, reason: String) -> SubmitOutcome {
+    match status {
+        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => {
             SubmitOutcome::Rejected { reason }
-        } else {
-            SubmitOutcome::Transient { reason }
+        }
+        s if s.is_client_error()
+            && s != StatusCode::REQUEST_TIMEOUT
+            && s != StatusCode::TOO_MANY_REQUESTS =>
+        {
+            tracing::error!(%status, %reason, "the provider refuses Herald itself (URL or credentials?); retrying, not failing the message");
+            SubmitOutcome::Transient {
+                reason: format!("provider configuration error: {reason}"),
+            }
+        }
+        _ => SubmitOutcome::Transient { reason },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_refusal_of_the_content_is_final() {
+        let sort = |code: u16| classify_refusal(StatusCode::from_u16(code).unwrap(), "r".into());
+        for code in [400, 422] {
+            assert!(
+                matches!(sort(code), SubmitOutcome::Rejected { .. }),
+                "{code}"
+            );
+        }
+        for code in [401, 403, 404, 405, 408, 429, 500, 502, 503] {
+            assert!(
+                matches!(sort(code), SubmitOutcome::Transient { .. }),
+                "{code}"
+            );
         }
     }
 }

@@ -340,6 +340,14 @@ pub struct SimArgs {
     /// Share of submits that take effect but answer only after --timeout-delay (0 to 1).
     #[arg(long, env = "HERALD_SIM_TIMEOUT_RATE", default_value_t = 0.0)]
     pub timeout_rate: f64,
+    /// Share of submits refused for their content with 422 and no effect (0 to 1): a
+    /// permanent rejection, which Herald records as FAILED.
+    #[arg(long, env = "HERALD_SIM_REJECT_RATE", default_value_t = 0.0)]
+    pub reject_rate: f64,
+    /// Answer every submit with this HTTP status and take no effect, as a gateway Herald is
+    /// misconfigured for would (404: wrong URL, 401: wrong credentials).
+    #[arg(long, env = "HERALD_SIM_REFUSE_STATUS")]
+    pub refuse_status: Option<u16>,
     /// How late a "timed out" submit answers.
     #[arg(long, env = "HERALD_SIM_TIMEOUT_DELAY", default_value = "30s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
@@ -390,12 +398,23 @@ pub struct VerifyArgs {
     #[arg(long, env = "HERALD_DATABASE_URL")]
     #[serde(serialize_with = "mask_password")]
     pub database_url: String,
-    /// Base URL of the provider simulator whose record proves each submit.
+    /// Base URL of the provider simulator whose record proves each submit and receipt.
     #[arg(long, env = "HERALD_PROVIDER_SIM_URL")]
     pub provider_sim: String,
+    /// Ends the run is allowed to have, exactly: CLASS=COUNT,… with CLASS one of dead,
+    /// failed_wrongly, unknown, receipt_parked, parked (e.g. `--expect dead=5` after a
+    /// provider outage). Any other end that is not delivered or rejected fails the proof.
+    #[arg(long, default_value = "", value_parser = parse_expectations)]
+    #[serde(skip)]
+    pub expect: herald_core::verdict::Expectations,
     /// Print the report as JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_expectations(text: &str) -> Result<herald_core::verdict::Expectations, String> {
+    text.parse()
+        .map_err(|err: herald_core::verdict::BadExpectation| err.to_string())
 }
 
 #[derive(Debug, Clone, Args, Serialize)]

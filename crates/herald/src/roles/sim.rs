@@ -32,6 +32,8 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
         error_rate: args.error_rate,
         timeout_rate: args.timeout_rate,
         timeout_delay: args.timeout_delay,
+        reject_rate: args.reject_rate,
+        refuse_status: args.refuse_status,
         log_path: args.log_path.clone(),
         callback_url: args.callback_url.clone(),
         callback_token: args.callback_token.clone(),

@@ -412,21 +412,38 @@ impl Deployment {
 
     /// Runs `herald verify`; returns its exit code and output.
     pub async fn verify(&self) -> (i32, String) {
-        let out = tokio::process::Command::new(HERALD)
-            .args([
-                "verify",
-                "--database-url",
-                &self.database_url,
-                "--provider-sim",
-                &self.sim_url,
-            ])
-            .output()
-            .await
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
+        self.verify_expecting("").await
+    }
+
+    /// Runs `herald verify --expect {expect}`, again while messages are still on their way
+    /// (receipts follow the ledger write), until nothing is unsettled or 90 s passed; returns
+    /// the last exit code and output.
+    pub async fn verify_expecting(&self, expect: &str) -> (i32, String) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let out = tokio::process::Command::new(HERALD)
+                .args([
+                    "verify",
+                    "--database-url",
+                    &self.database_url,
+                    "--provider-sim",
+                    &self.sim_url,
+                    "--expect",
+                    expect,
+                ])
+                .output()
+                .await
+                .unwrap();
+            let code = out.status.code().unwrap_or(-1);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let moving = ["WRONG unsettled", "WRONG receipts_unfinished"]
+                .iter()
+                .any(|class| text.contains(class));
+            if code == 0 || !moving || Instant::now() >= deadline {
+                return (code, text);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     pub async fn metrics(&self, admin: &str) -> String {

@@ -10,6 +10,7 @@ use herald_core::{assignment::assign, PartitionCount};
 use tokio_util::sync::CancellationToken;
 
 use crate::deployment::{args, Load};
+use crate::wait::{accepted_more, metric_above, until, EXIT_GRACE, PATIENCE};
 use crate::{Deployment, Options};
 
 const P: u32 = 64;
@@ -32,29 +33,35 @@ async fn coordinator(herald: &Deployment) -> Coordinator {
 }
 
 /// The owners once every partition is owned exactly as the assignment of `members` says.
-async fn wait_stable(
-    coord: &Coordinator,
-    members: &[&str],
-    timeout: Duration,
-) -> BTreeMap<u32, Ownership> {
+async fn wait_stable(coord: &Coordinator, members: &[&str]) -> BTreeMap<u32, Ownership> {
     let members: Vec<String> = members.iter().map(|m| m.to_string()).collect();
     let target = assign(&members, PartitionCount::new(P).unwrap());
-    let deadline = Instant::now() + timeout;
-    loop {
-        let owners = coord.owners().await.unwrap_or_default();
-        let settled = owners.len() == P as usize
-            && owners
-                .iter()
-                .all(|(p, o)| o.owner == members[target[*p as usize]]);
-        if settled {
-            return owners;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "ownership did not settle on {members:?} within {timeout:?}: {owners:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        &format!("every partition owned as assigned to {members:?}"),
+        PATIENCE,
+        || async {
+            let owners = coord.owners().await.map_err(|err| err.to_string())?;
+            let settled = owners.len() == P as usize
+                && owners
+                    .iter()
+                    .all(|(p, o)| o.owner == members[target[*p as usize]]);
+            if settled {
+                Ok(owners)
+            } else {
+                Err(format!("{owners:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// The partitions `member` owns.
+fn share_of(owners: &BTreeMap<u32, Ownership>, member: &str) -> Vec<u32> {
+    owners
+        .iter()
+        .filter(|(_, o)| o.owner == member)
+        .map(|(p, _)| *p)
+        .collect()
 }
 
 fn count_by_owner(owners: &BTreeMap<u32, Ownership>) -> BTreeMap<String, usize> {
@@ -65,8 +72,9 @@ fn count_by_owner(owners: &BTreeMap<u32, Ownership>) -> BTreeMap<String, usize> 
     counts
 }
 
-/// Watches the ownership keys from outside and records every handoff gap: the time from a
-/// partition's key being deleted to its next creation.
+/// Watches the ownership keys from outside and records every handoff: a partition's key
+/// deleted, then created again. The gap between the two is measured to be printed, not
+/// asserted: how long a handoff takes is a benchmark's figure.
 struct GapWatch {
     gaps: Arc<Mutex<Vec<Duration>>>,
     stop: CancellationToken,
@@ -110,6 +118,24 @@ impl GapWatch {
         let gaps = self.gaps.lock().unwrap();
         (gaps.len(), gaps.iter().copied().max().unwrap_or_default())
     }
+
+    /// Waits until the watch has recorded at least `handoffs` (its events may trail what
+    /// `owners()` already shows); returns the count and the largest gap.
+    async fn recorded(&self, handoffs: usize) -> (usize, Duration) {
+        until(
+            &format!("the watch records {handoffs} handoffs"),
+            PATIENCE,
+            || async {
+                let (seen, largest) = self.largest();
+                if seen >= handoffs {
+                    Ok((seen, largest))
+                } else {
+                    Err(format!("{seen} handoffs"))
+                }
+            },
+        )
+        .await
+    }
 }
 
 impl Drop for GapWatch {
@@ -143,43 +169,42 @@ async fn prove(herald: &Deployment, accepted: usize) {
 async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() {
     let mut herald = fleet(3, "10s").await;
     let coord = coordinator(&herald).await;
-    let before = wait_stable(
-        &coord,
-        &["poller-0", "poller-1", "poller-2"],
-        Duration::from_secs(20),
-    )
-    .await;
+    let before = wait_stable(&coord, &["poller-0", "poller-1", "poller-2"]).await;
     let counts = count_by_owner(&before);
     assert!(counts.values().all(|&n| n == 21 || n == 22), "{counts:?}");
     // The pollers finish acquiring (epoch recorded, task started) just after etcd shows the
     // keys: wait for their gauges and PostgreSQL to catch up.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut gauges_match = true;
-        for (i, name) in ["poller-0", "poller-1", "poller-2"].iter().enumerate() {
-            gauges_match &= owned_gauge(&herald, i).await == counts[*name] as f64;
-        }
-        // PostgreSQL records the epoch of each etcd ownership.
-        let recorded: Vec<(i32, String, i64)> = sqlx::query_as(
-            "SELECT partition, owner, epoch FROM partition_leases ORDER BY partition",
-        )
-        .fetch_all(&herald.pool)
-        .await
-        .unwrap();
-        let epochs_match = recorded.len() == P as usize
-            && recorded.iter().all(|(p, owner, epoch)| {
-                let etcd = &before[&(*p as u32)];
-                (owner, *epoch) == (&etcd.owner, etcd.epoch)
-            });
-        if gauges_match && epochs_match {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "gauges {gauges_match}, epochs {epochs_match}: {recorded:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        "every poller's gauge and PostgreSQL's epochs agree with etcd",
+        PATIENCE,
+        || async {
+            let mut gauges = Vec::new();
+            for (i, name) in ["poller-0", "poller-1", "poller-2"].iter().enumerate() {
+                gauges.push((owned_gauge(&herald, i).await, counts[*name] as f64));
+            }
+            let gauges_match = gauges.iter().all(|(gauge, etcd)| gauge == etcd);
+            // PostgreSQL records the epoch of each etcd ownership.
+            let recorded: Vec<(i32, String, i64)> = sqlx::query_as(
+                "SELECT partition, owner, epoch FROM partition_leases ORDER BY partition",
+            )
+            .fetch_all(&herald.pool)
+            .await
+            .map_err(|err| err.to_string())?;
+            let epochs_match = recorded.len() == P as usize
+                && recorded.iter().all(|(p, owner, epoch)| {
+                    let etcd = &before[&(*p as u32)];
+                    (owner, *epoch) == (&etcd.owner, etcd.epoch)
+                });
+            if gauges_match && epochs_match {
+                Ok(())
+            } else {
+                Err(format!(
+                    "(gauge, etcd) per poller {gauges:?}; epochs match {epochs_match}: {recorded:?}"
+                ))
+            }
+        },
+    )
+    .await;
 
     let load = Load::start(&herald, 20, Duration::from_millis(50));
     let fourth = args(&[
@@ -197,12 +222,7 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
     ]);
     let admin = herald.spawn_with_admin("poller-3", fourth).await;
     herald.poller_admins.push(admin);
-    let after = wait_stable(
-        &coord,
-        &["poller-0", "poller-1", "poller-2", "poller-3"],
-        Duration::from_secs(20),
-    )
-    .await;
+    let after = wait_stable(&coord, &["poller-0", "poller-1", "poller-2", "poller-3"]).await;
     let counts = count_by_owner(&after);
     assert!(counts.values().all(|&n| n == 16), "{counts:?}");
 
@@ -234,58 +254,78 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_poller_s_partitions_are_owned_again_within_the_ttl() {
+async fn a_killed_poller_s_partitions_are_owned_again_by_the_survivors() {
     let mut herald = fleet(3, "3s").await;
     let coord = coordinator(&herald).await;
-    wait_stable(
-        &coord,
-        &["poller-0", "poller-1", "poller-2"],
-        Duration::from_secs(20),
-    )
-    .await;
+    let before = wait_stable(&coord, &["poller-0", "poller-1", "poller-2"]).await;
+    let share = share_of(&before, "poller-1");
+    let gaps = GapWatch::start(&coord).await;
     let load = Load::start(&herald, 20, Duration::from_millis(50));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The kill lands while messages flow.
+    accepted_more(&herald, 200).await;
 
+    // Measured to be printed: the failover time is a benchmark's figure, not a pass mark.
     let killed = Instant::now();
     herald.role("poller-1").kill9().await.unwrap();
-    wait_stable(&coord, &["poller-0", "poller-2"], Duration::from_secs(5)).await;
+    let after = wait_stable(&coord, &["poller-0", "poller-2"]).await;
     let failover = killed.elapsed();
-    println!("kill -9: every partition owned again after {failover:?} (TTL 3s)");
-    assert!(failover <= Duration::from_secs(5), "{failover:?}");
+    // Nothing released them: the keys went with the dead poller's lease, and a survivor
+    // created each anew, under a newer epoch.
+    let (handoffs, largest) = gaps.recorded(share.len()).await;
+    for p in &share {
+        assert!(
+            after[p].epoch > before[p].epoch,
+            "partition {p}: {:?}",
+            after[p]
+        );
+    }
+    println!(
+        "kill -9: every partition owned again after {failover:?} (TTL 3s); \
+         {handoffs} handoffs of {} partitions, largest gap {largest:?}",
+        share.len()
+    );
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Load goes on through the survivors before the proof.
+    accepted_more(&herald, 200).await;
     let accepted = load.finish().await;
     prove(&herald, accepted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_hands_partitions_off_well_before_the_ttl() {
+async fn sigterm_hands_partitions_off_before_the_poller_exits() {
     let mut herald = fleet(3, "10s").await;
     let coord = coordinator(&herald).await;
-    wait_stable(
-        &coord,
-        &["poller-0", "poller-1", "poller-2"],
-        Duration::from_secs(20),
-    )
-    .await;
+    let before = wait_stable(&coord, &["poller-0", "poller-1", "poller-2"]).await;
+    let share = share_of(&before, "poller-1");
     let gaps = GapWatch::start(&coord).await;
     let load = Load::start(&herald, 20, Duration::from_millis(50));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The SIGTERM lands while messages flow.
+    accepted_more(&herald, 200).await;
 
+    // Measured to be printed: the handoff time is a benchmark's figure, not a pass mark.
     let asked = Instant::now();
-    let exited = herald
-        .role("poller-1")
-        .terminate(Duration::from_secs(8))
-        .await
-        .unwrap();
-    assert!(exited, "poller-1 exits by itself within its drain timeout");
-    wait_stable(&coord, &["poller-0", "poller-2"], Duration::from_secs(5)).await;
+    let exited = herald.role("poller-1").terminate(EXIT_GRACE).await.unwrap();
+    assert!(exited, "poller-1 exits by itself on SIGTERM");
+    // A handoff, not an expiry: by the time the process is gone (the lease still had up to
+    // 10 s to live) it has deleted every key it held, its ownerships and its membership.
+    let owners = coord.owners().await.unwrap();
+    assert!(
+        share_of(&owners, "poller-1").is_empty(),
+        "poller-1 exited still owning partitions: {owners:?}"
+    );
+    let members = coord.members().await.unwrap();
+    assert!(
+        !members.iter().any(|m| m == "poller-1"),
+        "poller-1 exited still a member: {members:?}"
+    );
+    wait_stable(&coord, &["poller-0", "poller-2"]).await;
     let handoff = asked.elapsed();
-    let (handoffs, largest) = gaps.largest();
-    println!("SIGTERM: all partitions owned again after {handoff:?}; {handoffs} handoffs, largest gap {largest:?}");
-    assert!(handoff < Duration::from_secs(5), "below TTL/2: {handoff:?}");
-    assert!(handoffs >= 21);
-    assert!(largest < Duration::from_secs(1), "{largest:?}");
+    let (handoffs, largest) = gaps.recorded(share.len()).await;
+    println!(
+        "SIGTERM: all partitions owned again after {handoff:?}; \
+         {handoffs} handoffs of {} partitions, largest gap {largest:?}",
+        share.len()
+    );
 
     let accepted = load.finish().await;
     prove(&herald, accepted).await;
@@ -295,17 +335,18 @@ async fn sigterm_hands_partitions_off_well_before_the_ttl() {
 async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins() {
     let mut herald = fleet(2, "3s").await;
     let coord = coordinator(&herald).await;
-    let before = wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(20)).await;
+    let before = wait_stable(&coord, &["poller-0", "poller-1"]).await;
     let old_epochs: Vec<i64> = before
         .values()
         .filter(|o| o.owner == "poller-1")
         .map(|o| o.epoch)
         .collect();
     let load = Load::start(&herald, 20, Duration::from_millis(50));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The pause lands while messages flow.
+    accepted_more(&herald, 200).await;
 
     herald.role("poller-1").pause().unwrap();
-    let new_owners = wait_stable(&coord, &["poller-0"], Duration::from_secs(10)).await;
+    let new_owners = wait_stable(&coord, &["poller-0"]).await;
     // The takeover is complete when PostgreSQL holds the new epochs (etcd comes first): until
     // then the old owner's fence is still the recorded one.
     let new_epochs: Vec<i64> = new_owners.values().map(|o| o.epoch).collect();
@@ -315,17 +356,31 @@ async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins(
                 "SELECT count(*) FROM partition_leases WHERE epoch = ANY(ARRAY{new_epochs:?}::bigint[])"
             ),
             P as i64,
-            Duration::from_secs(10),
+            PATIENCE,
         )
         .await;
     let taken_over: chrono_free::Now = chrono_free::now(&herald.pool).await;
     herald.role("poller-1").resume().unwrap();
     // It rejoins: both members again, poller-1 with new epochs.
-    let after = wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(15)).await;
-    for o in after.values().filter(|o| o.owner == "poller-1") {
-        assert!(!old_epochs.contains(&o.epoch));
+    let after = wait_stable(&coord, &["poller-0", "poller-1"]).await;
+    let rejoined: Vec<i64> = after
+        .values()
+        .filter(|o| o.owner == "poller-1")
+        .map(|o| o.epoch)
+        .collect();
+    for epoch in &rejoined {
+        assert!(!old_epochs.contains(epoch));
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // ... and claims again under them before the load stops.
+    herald
+        .wait_for(
+            &format!(
+                "SELECT count(*) FROM outbox WHERE claimed_epoch = ANY(ARRAY{rejoined:?}::bigint[])"
+            ),
+            1,
+            PATIENCE,
+        )
+        .await;
     let accepted = load.finish().await;
     prove(&herald, accepted).await;
 
@@ -347,22 +402,29 @@ async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins(
 async fn an_etcd_outage_stops_claiming_and_the_fleet_resumes_after_it() {
     let mut herald = fleet(2, "4s").await;
     let coord = coordinator(&herald).await;
-    wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(20)).await;
+    wait_stable(&coord, &["poller-0", "poller-1"]).await;
     let load = Load::start(&herald, 20, Duration::from_millis(100));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The outage lands while messages flow.
+    accepted_more(&herald, 100).await;
 
     herald.etcd.stop().await.unwrap();
-    // Within the TTL both pollers stop claiming.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    for poller in 0..2 {
-        assert_eq!(
-            owned_gauge(&herald, poller).await,
-            0.0,
-            "poller-{poller} still claims"
-        );
+    // Both pollers notice their leases are at risk and stop claiming.
+    until("both pollers own no partition", PATIENCE, || async {
+        let gauges = [owned_gauge(&herald, 0).await, owned_gauge(&herald, 1).await];
+        if gauges == [0.0, 0.0] {
+            Ok(())
+        } else {
+            Err(format!("owned partitions per poller {gauges:?}"))
+        }
+    })
+    .await;
+    for admin in &herald.poller_admins {
+        metric_above(&herald, admin, "herald_lease_losses_total", 0.0).await;
     }
     let quiet_since = chrono_free::now(&herald.pool).await;
-    tokio::time::sleep(Duration::from_secs(26)).await;
+    // etcd stays down while 2,000 more messages are accepted (many lease TTLs at this load's
+    // rate): the pollers keep failing to rejoin, and none of those rows may be claimed.
+    accepted_more(&herald, 2_000).await;
     let claimed_while_down: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox WHERE claimed_at > $1::timestamptz")
             .bind(&quiet_since.0)
@@ -373,8 +435,9 @@ async fn an_etcd_outage_stops_claiming_and_the_fleet_resumes_after_it() {
 
     herald.etcd.restart().await.unwrap();
     let coord = coordinator(&herald).await;
-    wait_stable(&coord, &["poller-0", "poller-1"], Duration::from_secs(20)).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_stable(&coord, &["poller-0", "poller-1"]).await;
+    // Load goes on through the rejoined fleet before the proof.
+    accepted_more(&herald, 100).await;
     let accepted = load.finish().await;
     prove(&herald, accepted).await;
 }
@@ -384,24 +447,25 @@ async fn a_rolling_restart_loses_nothing_and_reports_the_largest_gap() {
     let mut herald = fleet(3, "10s").await;
     let coord = coordinator(&herald).await;
     let all = ["poller-0", "poller-1", "poller-2"];
-    wait_stable(&coord, &all, Duration::from_secs(20)).await;
+    wait_stable(&coord, &all).await;
     let gaps = GapWatch::start(&coord).await;
     let load = Load::start(&herald, 20, Duration::from_millis(50));
     for name in all {
         let poller = herald.role(name);
         assert!(
-            poller.terminate(Duration::from_secs(8)).await.unwrap(),
-            "{name} drains in time"
+            poller.terminate(EXIT_GRACE).await.unwrap(),
+            "{name} exits by itself on SIGTERM"
         );
         let rest: Vec<&str> = all.iter().copied().filter(|n| *n != name).collect();
-        wait_stable(&coord, &rest, Duration::from_secs(5)).await;
+        wait_stable(&coord, &rest).await;
         herald.role(name).restart().await.unwrap();
-        wait_stable(&coord, &all, Duration::from_secs(10)).await;
+        wait_stable(&coord, &all).await;
     }
     let accepted = load.finish().await;
-    let (handoffs, largest) = gaps.largest();
+    // Every partition changed hands at least twice: away from its owner when that one stopped,
+    // and back when it rejoined (the assignment of the same members is the same).
+    let (handoffs, largest) = gaps.recorded(2 * P as usize).await;
     println!("rolling restart: {handoffs} handoffs, largest gap {largest:?}");
-    assert!(largest < Duration::from_secs(5), "{largest:?}");
     prove(&herald, accepted).await;
 }
 

@@ -2,11 +2,13 @@
 //! PostgreSQL, Redis and etcd servers and the provider simulator.
 
 mod bulkheads;
+mod claims;
 mod cli;
 mod deployment;
 mod fleet;
 mod observability;
 mod pipeline;
 mod rules;
+mod wait;
 
 pub use deployment::{Deployment, Options};

@@ -5,11 +5,12 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use herald_testkit::{LocalPrometheus, ScrapeJob};
 use serde_json::Value;
 
+use crate::wait::{until, PATIENCE};
 use crate::{Deployment, Options};
 
 fn repo_root() -> PathBuf {
@@ -51,29 +52,57 @@ async fn dashboards_alerts_and_metric_docs_match_what_the_roles_export() {
     herald
         .wait_delivered(ids.len() as i64, Duration::from_secs(120))
         .await;
-    // Receipts and the backlog gauges trail the sends by a few seconds; let several scrapes
-    // and rule evaluations see the load.
     wait_for_targets(&prometheus, 6).await;
-    tokio::time::sleep(Duration::from_secs(8)).await;
 
     let exported = exported_metrics(&herald).await;
-    let stored: BTreeSet<String> = prometheus
-        .metric_names()
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
+    let documented = documented_metrics();
+    let mut undocumented = Vec::new();
+    for name in exported.difference(&documented) {
+        undocumented.push(format!("{name} is exported but not in docs/METRICS.md"));
+    }
+    for name in documented.difference(&exported) {
+        undocumented.push(format!(
+            "{name} is in docs/METRICS.md but no role exports it"
+        ));
+    }
+    assert!(
+        undocumented.is_empty(),
+        "{} problems:\n{}",
+        undocumented.len(),
+        undocumented.join("\n")
+    );
 
-    let mut failures = Vec::new();
     let dashboards = dashboard_queries();
     assert!(
         dashboards.len() >= 4,
         "expected the four dashboards, found {}",
         dashboards.len()
     );
-    let mut queries = 0;
-    for (file, panel, expr) in &dashboards {
-        queries += 1;
+    // Receipts and the backlog gauges trail the sends, and a rule is healthy only once it was
+    // evaluated: wait until scrapes and rule evaluations have seen the load.
+    let alerts = until(
+        "every panel query returns series and every alert rule evaluates cleanly",
+        Duration::from_secs(120),
+        || prometheus_problems(&prometheus, &dashboards),
+    )
+    .await;
+    assert!(alerts >= 9, "the rules file holds only {alerts} alerts");
+}
+
+/// How many alerting rules Prometheus evaluates, when every dashboard query returns series,
+/// every rule is healthy and every metric they read is stored; else every problem seen.
+async fn prometheus_problems(
+    prometheus: &LocalPrometheus,
+    dashboards: &[(String, String, String)],
+) -> Result<usize, String> {
+    let stored: BTreeSet<String> = prometheus
+        .metric_names()
+        .await
+        .map_err(|err| format!("{err:#}"))?
+        .into_iter()
+        .collect();
+    let mut failures = Vec::new();
+    for (file, panel, expr) in dashboards {
         let query = substitute_variables(expr);
         match prometheus.query(&query).await {
             Ok(series) if series.is_empty() => {
@@ -89,7 +118,7 @@ async fn dashboards_alerts_and_metric_docs_match_what_the_roles_export() {
         }
     }
 
-    let groups = prometheus.rules().await.unwrap();
+    let groups = prometheus.rules().await.map_err(|err| format!("{err:#}"))?;
     let mut alerts = 0;
     for rule in groups
         .as_array()
@@ -115,23 +144,16 @@ async fn dashboards_alerts_and_metric_docs_match_what_the_roles_export() {
             }
         }
     }
-    assert!(alerts >= 9, "the rules file holds only {alerts} alerts");
-
-    let documented = documented_metrics();
-    for name in exported.difference(&documented) {
-        failures.push(format!("{name} is exported but not in docs/METRICS.md"));
+    if failures.is_empty() {
+        Ok(alerts)
+    } else {
+        Err(format!(
+            "{} problems over {} panel queries and {alerts} alerts:\n{}",
+            failures.len(),
+            dashboards.len(),
+            failures.join("\n")
+        ))
     }
-    for name in documented.difference(&exported) {
-        failures.push(format!(
-            "{name} is in docs/METRICS.md but no role exports it"
-        ));
-    }
-    assert!(
-        failures.is_empty(),
-        "{} problems over {queries} panel queries and {alerts} alerts:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
 }
 
 fn scrape(job: &str, urls: &[&str]) -> ScrapeJob {
@@ -142,22 +164,18 @@ fn scrape(job: &str, urls: &[&str]) -> ScrapeJob {
 }
 
 async fn wait_for_targets(prometheus: &LocalPrometheus, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    until(&format!("{count} herald targets up"), PATIENCE, || async {
         let up = prometheus
             .query("up{job=~\"herald-.*\"} == 1")
             .await
-            .unwrap();
+            .map_err(|err| format!("{err:#}"))?;
         if up.len() >= count {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{} targets up", up.len()))
         }
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {count} targets up",
-            up.len()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    })
+    .await
 }
 
 /// Metric names from every role's `/metrics`, read from the `# TYPE` lines (so histograms

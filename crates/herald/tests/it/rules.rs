@@ -65,11 +65,17 @@ fn states(history: &[(String, Value)]) -> Vec<&str> {
 async fn r1_killing_the_api_loses_no_message_it_answered_202_for() {
     let mut herald = Deployment::start(Options::default()).await;
     let load = KeptIds::start(&herald, 4);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Kill the API while requests are in flight: once it has committed some.
+    herald
+        .wait_for("SELECT count(*) FROM messages", 50, MINUTE)
+        .await;
     herald.role("api").kill9().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
     herald.role("api").restart().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // And let the load go on until the restarted API committed more.
+    let before = count(&herald, "SELECT count(*) FROM messages").await;
+    herald
+        .wait_for("SELECT count(*) FROM messages", before + 50, MINUTE)
+        .await;
     let (kept, failed) = load.finish().await;
     assert!(failed > 0, "the kill interrupted requests");
     assert!(kept.len() > 50);
@@ -112,7 +118,24 @@ async fn r1_the_api_accepts_while_redis_is_down_and_everything_is_delivered_afte
         .await
         .unwrap();
     assert_eq!(single.status(), 202);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The poller saw the store unreachable and held the rows back (or tried and was refused):
+    // only then is "nothing sent" news.
+    let poller = herald.poller_admins[0].clone();
+    let deadline = std::time::Instant::now() + MINUTE;
+    loop {
+        let held_back = herald.metric(&poller, "herald_publish_paused_total").await
+            + herald
+                .metric(&poller, "herald_publish_failures_total")
+                .await;
+        if held_back > 0.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the poller never noticed that Redis was down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
         count(&herald, "SELECT count(*) FROM ledger").await,
         0,
@@ -265,10 +288,19 @@ async fn r3_past_the_attempt_limit_a_send_is_dead_visible_and_can_be_redriven() 
     for id in &ids {
         assert_eq!(states(&herald.history(id).await).last(), Some(&"DEAD"));
     }
-    // DEAD is not lost: verify counts it apart and does not fail.
+    // DEAD is visible, not delivered: the proof fails unless the run declares it, and then
+    // only with exactly that many.
     let (code, report) = herald.verify().await;
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("WRONG dead: 5 (expected 0)"), "{report}");
+    assert!(
+        ids.iter().all(|id| report.contains(id.as_str())),
+        "{report}"
+    );
+    let (code, report) = herald.verify_expecting("dead=5").await;
     assert_eq!(code, 0, "{report}");
-    assert!(report.contains("dead:                       5"), "{report}");
+    let (code, report) = herald.verify_expecting("dead=4").await;
+    assert_eq!(code, 1, "{report}");
 
     // The provider recovers; an operator re-drives each row.
     herald.set_faults(0.0, 0.0).await;
@@ -296,6 +328,60 @@ async fn r3_past_the_attempt_limit_a_send_is_dead_visible_and_can_be_redriven() 
     verify_ok(&herald).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proof_fails_when_the_provider_answers_404_to_everything() {
+    let herald = Deployment::start(Options {
+        sim_flags: args(&["--refuse-status", "404"]),
+        worker_flags: args(&["--max-attempts", "2", "--retry-base", "50ms"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = send_n(&herald, "misrouted", 5).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM outbox WHERE status = 'DEAD'",
+            5,
+            MINUTE,
+        )
+        .await;
+    // A 404 refuses Herald's configuration, not the message: retried, never FAILED.
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM message_events WHERE state = 'FAILED'"
+        )
+        .await,
+        0
+    );
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("WRONG dead: 5 (expected 0)"), "{report}");
+    assert!(
+        ids.iter().all(|id| report.contains(id.as_str())),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_the_proof_fails_when_an_outbox_row_is_gone() {
+    let herald = Deployment::start(Options::default()).await;
+    send_n(&herald, "kept", 5).await;
+    herald.wait_delivered(5, MINUTE).await;
+    verify_ok(&herald).await;
+    // What a deleting code path would do: the proof that work was owed disappears.
+    sqlx::query(
+        "DELETE FROM outbox WHERE id = (SELECT min(id) FROM outbox WHERE job_type = 'send')",
+    )
+    .execute(&herald.pool)
+    .await
+    .unwrap();
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("WRONG outbox_rows_missing: 1"), "{report}");
+}
+
+/// A text search over the code, beside the behavioural proof above (`herald verify` checks
+/// after every end-to-end test that every message and receipt still has its outbox row).
 #[test]
 fn r3_no_code_path_deletes_an_outbox_row() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -421,7 +507,16 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
     herald
         .wait_for("SELECT count(*) FROM in_flight_sends", 10, MINUTE)
         .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The provider took all ten submits (and holds their answers back): kill the worker now.
+    let deadline = std::time::Instant::now() + MINUTE;
+    loop {
+        let stats = herald.get_json_from(&herald.sim_url, "/v1/stats").await;
+        if stats["injected_timeouts"].as_u64().unwrap_or(0) >= 10 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "stats: {stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     herald.role("worker").kill9().await.unwrap();
     herald.set_faults(0.0, 0.0).await;
     herald.role("worker").restart().await.unwrap();
@@ -533,6 +628,66 @@ async fn r5_two_gateways_issuing_the_same_provider_id_land_on_the_right_messages
     verify_ok(&herald).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_provider_ids_reused_within_one_gateway_land_on_the_right_messages() {
+    let herald = Deployment::start(Options {
+        sim_flags: args(&[
+            "--gateways",
+            "gw-a",
+            "--id-wrap",
+            "3",
+            "--enroute-rate",
+            "0",
+        ]),
+        ..Options::default()
+    })
+    .await;
+    // Four rounds over ids 1..=3 of one gateway: every id is issued four times.
+    let mut ids = Vec::new();
+    for round in 0..4 {
+        ids.extend(send_n(&herald, &format!("reuse-{round}"), 3).await);
+        herald
+            .wait_for(
+                "SELECT count(*) FROM message_current_state WHERE state = 'DELIVERED'",
+                ids.len() as i64,
+                MINUTE,
+            )
+            .await;
+    }
+    let reused = count(
+        &herald,
+        "SELECT count(*) FROM (SELECT provider_id FROM ledger GROUP BY provider_id
+                               HAVING count(*) > 1) r",
+    )
+    .await;
+    assert!(
+        reused > 0,
+        "the gateway issued the same id to several messages"
+    );
+    for id in &ids {
+        let (gateway, provider_id): (String, String) =
+            sqlx::query_as("SELECT gateway, provider_id FROM ledger WHERE message_id = $1::uuid")
+                .bind(id)
+                .fetch_one(&herald.pool)
+                .await
+                .unwrap();
+        let history = herald.history(id).await;
+        let delivered: Vec<&Value> = history
+            .iter()
+            .filter(|(s, _)| s == "DELIVERED")
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(
+            delivered.len(),
+            1,
+            "{id}: one final receipt each: {history:?}"
+        );
+        assert_eq!(delivered[0]["gateway"], gateway.as_str());
+        assert_eq!(delivered[0]["provider_id"], provider_id.as_str());
+    }
+    verify_ok(&herald).await;
+}
+
 // ---------------------------------------------------------------------------------------- R6
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -578,6 +733,11 @@ async fn r6_an_unknown_status_is_parked_and_replayed_once_the_mapping_is_fixed()
             .await,
         5.0
     );
+    // Parked receipts are not delivered: the proof names them until they are replayed.
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("WRONG receipt_parked: 5"), "{report}");
+    assert!(report.contains("WRONG parked: 5"), "{report}");
 
     // The operator teaches Herald the status and replays the parked receipts.
     assert!(herald
@@ -638,7 +798,7 @@ async fn r6_an_unparseable_timestamp_is_parked_and_never_replaced_by_now() {
             "{item}"
         );
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Parking and finishing the job are one statement: nothing can follow it.
     for id in &ids {
         assert_eq!(
             states(&herald.history(id).await),
@@ -651,7 +811,8 @@ async fn r6_an_unparseable_timestamp_is_parked_and_never_replaced_by_now() {
     )
     .await;
     assert_eq!(with_time, 0, "no receipt was applied with an invented time");
-    verify_ok(&herald).await;
+    let (code, report) = herald.verify_expecting("receipt_parked=5,parked=5").await;
+    assert_eq!(code, 0, "{report}");
 }
 
 // ---------------------------------------------------------------------------------------- R7
@@ -692,5 +853,75 @@ async fn r7_a_silent_gateway_s_messages_become_unknown_never_failed() {
             .await,
         10.0
     );
+    // UNKNOWN is an honest answer, not a delivery: the run must declare it.
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 1, "{report}");
+    let (code, report) = herald.verify_expecting("unknown=10").await;
+    assert_eq!(code, 0, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r7_a_late_final_receipt_settles_an_unknown_message() {
+    let herald = Deployment::start(Options {
+        sim_flags: args(&["--enroute-rate", "0", "--receipt-delay", "4s"]),
+        status_worker_flags: args(&["--receipt-window", "1s", "--reconcile-interval", "200ms"]),
+        ..Options::default()
+    })
+    .await;
+    let ids = send_n(&herald, "late", 10).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_current_state WHERE state = 'DELIVERED'",
+            10,
+            MINUTE,
+        )
+        .await;
+    for id in &ids {
+        assert_eq!(
+            states(&herald.history(id).await),
+            vec!["QUEUED", "CLAIMED", "ACCEPTED", "UNKNOWN", "DELIVERED"],
+            "{id}: UNKNOWN past the window, settled by the late receipt"
+        );
+    }
     verify_ok(&herald).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r7_a_receipted_message_is_never_marked_unknown() {
+    let herald = Deployment::start(Options {
+        sim_flags: args(&["--silent-rate", "0.5", "--enroute-rate", "1"]),
+        status_worker_flags: args(&["--receipt-window", "2s", "--reconcile-interval", "200ms"]),
+        ..Options::default()
+    })
+    .await;
+    // One batch: every message is accepted at about the same time, so by the time the silent
+    // ones are UNKNOWN, the window of every receipted one has passed as well.
+    let ids = send_n(&herald, "mixed", 40).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_current_state WHERE state IN ('UNKNOWN', 'DELIVERED')",
+            40,
+            MINUTE,
+        )
+        .await;
+    let mut silent = 0;
+    for id in &ids {
+        let history = herald.history(id).await;
+        let states = states(&history);
+        if states.contains(&"DELIVERED") {
+            assert!(
+                !states.contains(&"UNKNOWN"),
+                "{id} had its receipt: {states:?}"
+            );
+        } else {
+            assert_eq!(states.last(), Some(&"UNKNOWN"), "{id}: {states:?}");
+            silent += 1;
+        }
+    }
+    assert!(
+        silent > 0 && silent < 40,
+        "both kinds were sent: {silent} silent"
+    );
+    let (code, report) = herald.verify_expecting(&format!("unknown={silent}")).await;
+    assert_eq!(code, 0, "{report}");
 }
