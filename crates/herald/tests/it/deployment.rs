@@ -416,10 +416,11 @@ impl Deployment {
     }
 
     /// Runs `herald verify --expect {expect}`, again while messages are still on their way
-    /// (receipts follow the ledger write), until nothing is unsettled or 90 s passed; returns
-    /// the last exit code and output.
+    /// (receipts follow the ledger write), until nothing is unsettled, or nothing settled for
+    /// a minute; returns the last exit code and output.
     pub async fn verify_expecting(&self, expect: &str) -> (i32, String) {
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let mut last_progress = Instant::now();
+        let mut moving_before = u64::MAX;
         loop {
             let out = tokio::process::Command::new(HERALD)
                 .args([
@@ -436,13 +437,16 @@ impl Deployment {
                 .unwrap();
             let code = out.status.code().unwrap_or(-1);
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let moving = ["WRONG unsettled", "WRONG receipts_unfinished"]
-                .iter()
-                .any(|class| text.contains(class));
-            if code == 0 || !moving || Instant::now() >= deadline {
+            let moving =
+                class_count(&text, "unsettled") + class_count(&text, "receipts_unfinished");
+            if moving < moving_before {
+                moving_before = moving;
+                last_progress = Instant::now();
+            }
+            if code == 0 || moving == 0 || last_progress.elapsed() > Duration::from_secs(60) {
                 return (code, text);
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 
@@ -456,6 +460,18 @@ impl Deployment {
             .await
             .unwrap()
     }
+}
+
+/// The count `herald verify` printed for a fate or finding (`  unsettled   12`), 0 if absent.
+pub fn class_count(report: &str, class: &str) -> u64 {
+    report
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next()? == class).then(|| words.next()?.parse().ok())?
+        })
+        .next()
+        .unwrap_or(0)
 }
 
 pub fn args(items: &[&str]) -> Vec<String> {
