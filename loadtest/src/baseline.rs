@@ -1,7 +1,8 @@
 //! `herald-loadtest baseline`: the same open-loop load twice, each on a fresh local
 //! deployment — once in the shape Herald started from (one poller, one publish at a time,
-//! one batch per partition per tick), once with Herald's defaults — and the two side by side
-//! with ratios, so the gain of the design is a measured number.
+//! one batch per partition per tick, a send worker that moves one job per transaction), once
+//! with Herald's defaults — and the two side by side with ratios, so the gain of the design is
+//! a measured number.
 
 use crate::chaos::Scenario;
 use crate::report::{compare, Report};
@@ -9,6 +10,8 @@ use crate::run::{LoadArgs, LocalArgs, OutputArgs};
 
 /// The poller flags of the starting point.
 pub const STARTING_POINT_FLAGS: [&str; 2] = ["--publish-concurrency=1", "--max-batches-per-tick=1"];
+/// The send worker flags of the starting point: one job per transaction.
+pub const STARTING_POINT_SEND_WORKER_FLAGS: [&str; 1] = ["--max-batch=1"];
 
 #[derive(Debug, clap::Args)]
 pub struct BaselineArgs {
@@ -39,6 +42,11 @@ pub async fn main(args: BaselineArgs) -> anyhow::Result<i32> {
     start_local
         .poller_flags
         .extend(STARTING_POINT_FLAGS.iter().map(|f| (*f).to_owned()));
+    start_local.send_worker_flags.extend(
+        STARTING_POINT_SEND_WORKER_FLAGS
+            .iter()
+            .map(|f| (*f).to_owned()),
+    );
     let start_output = OutputArgs {
         name: format!("{}-starting-point", args.output.name),
         ..args.output.clone()

@@ -207,11 +207,12 @@ async fn scenario_run(
     let poller_cancel = cancel.clone();
     let poller_task = tokio::spawn(async move { poller.run_static(fences, poller_cancel).await });
 
-    let send = Arc::new(SendHandler {
-        pool: pool.clone(),
-        provider: ProviderClient::new(&format!("http://{sim_addr}"), Duration::from_secs(10))?,
-        settings: SendSettings::default(),
-    });
+    let send = Arc::new(SendHandler::new(
+        pool.clone(),
+        ProviderClient::new(&format!("http://{sim_addr}"), Duration::from_secs(10))?,
+        SendSettings::default(),
+        cancel.clone(),
+    ));
     let status = Arc::new(StatusHandler {
         pool: pool.clone(),
         settings: StatusSettings::default(),

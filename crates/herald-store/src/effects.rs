@@ -77,6 +77,173 @@ pub async fn confirm_ownership(
     ))
 }
 
+/// A send the worker now owns, from a batch: which outbox row it came from, and the message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedFromBatch {
+    pub partition: u32,
+    pub outbox_id: i64,
+    pub send: OwnedSend,
+}
+
+/// [`confirm_ownership`] for many jobs in one statement (one transaction): every row still
+/// PROCESSING/PUBLISHED becomes DONE and its message gets CLAIMED (unless already ACCEPTED) and
+/// an `in_flight_sends` row. Rows another copy finished are left out of the answer. Rows are
+/// locked in (partition, id) order, so two workers confirming overlapping batches queue
+/// behind each other instead of deadlocking.
+pub async fn confirm_ownership_batch(
+    pool: &PgPool,
+    jobs: &[(u32, i64)],
+    worker: &str,
+) -> Result<Vec<OwnedFromBatch>, StoreError> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sorted = jobs.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let partitions: Vec<i32> = sorted.iter().map(|(p, _)| *p as i32).collect();
+    let ids: Vec<i64> = sorted.iter().map(|(_, id)| *id).collect();
+    let rows: Vec<(i32, i64, Uuid, String, Json<Value>, bool)> = measured(
+        Operation::Confirm,
+        sqlx::query_as(
+            "WITH input AS (
+                 SELECT * FROM UNNEST($1::int[], $2::bigint[]) AS t(partition, id)
+             ), locked AS (
+                 SELECT o.partition, o.id FROM outbox o JOIN input i
+                     ON o.partition = i.partition AND o.id = i.id
+                 WHERE o.status IN ('PROCESSING', 'PUBLISHED')
+                 ORDER BY o.partition, o.id
+                 FOR UPDATE OF o
+             ), done AS (
+                 UPDATE outbox o SET status = 'DONE'
+                 FROM locked l
+                 WHERE o.partition = l.partition AND o.id = l.id
+                   AND o.status IN ('PROCESSING', 'PUBLISHED')
+                 RETURNING o.partition, o.id, o.message_id, o.attempts
+             ), owned AS (
+                 SELECT done.partition, done.id, done.message_id, done.attempts,
+                        EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = done.message_id)
+                            AS accepted
+                 FROM done
+             ), claimed AS (
+                 INSERT INTO message_events (message_id, state, detail)
+                 SELECT message_id, 'CLAIMED',
+                        jsonb_build_object('worker', $3::text, 'outbox_id', id,
+                                           'attempt', attempts)
+                 FROM owned WHERE NOT accepted
+             ), in_flight AS (
+                 INSERT INTO in_flight_sends (message_id, partition, outbox_id)
+                 SELECT message_id, partition, id FROM owned WHERE NOT accepted
+                 ON CONFLICT (message_id) DO UPDATE
+                     SET partition = EXCLUDED.partition, outbox_id = EXCLUDED.outbox_id,
+                         claimed_at = now()
+             )
+             SELECT owned.partition, owned.id, m.id, m.recipient, m.body, owned.accepted
+             FROM owned JOIN messages m ON m.id = owned.message_id",
+        )
+        .bind(&partitions)
+        .bind(&ids)
+        .bind(worker)
+        .fetch_all(pool),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(partition, outbox_id, message_id, recipient, Json(body), already_accepted)| {
+                OwnedFromBatch {
+                    partition: partition as u32,
+                    outbox_id,
+                    send: OwnedSend {
+                        message_id,
+                        recipient,
+                        body,
+                        already_accepted,
+                    },
+                }
+            },
+        )
+        .collect())
+}
+
+/// One effect to record: the provider took `message_id` under `idempotency_key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptedEffect {
+    pub message_id: Uuid,
+    pub idempotency_key: String,
+    pub receipt: ProviderReceipt,
+}
+
+/// [`record_accepted`] for many effects in one statement (group commit): ledger rows (ON
+/// CONFLICT DO NOTHING), ACCEPTED events, the sends no longer in flight and now awaiting their
+/// receipts. Answers, per effect in input order, whether its ledger row is new.
+pub async fn record_accepted_batch(
+    pool: &PgPool,
+    effects: &[AcceptedEffect],
+) -> Result<Vec<bool>, StoreError> {
+    if effects.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<&str> = effects.iter().map(|e| e.idempotency_key.as_str()).collect();
+    let ids: Vec<Uuid> = effects.iter().map(|e| e.message_id).collect();
+    let gateways: Vec<&str> = effects.iter().map(|e| e.receipt.gateway.as_str()).collect();
+    let provider_ids: Vec<&str> = effects
+        .iter()
+        .map(|e| e.receipt.provider_id.as_str())
+        .collect();
+    let inserted: Vec<String> = measured(
+        Operation::LedgerWrite,
+        sqlx::query_scalar(
+            "WITH input AS (
+                 SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[])
+                     AS t(idempotency_key, message_id, gateway, provider_id)
+             ), effect AS (
+                 INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
+                 SELECT idempotency_key, message_id, gateway, provider_id FROM input
+                 ORDER BY idempotency_key
+                 ON CONFLICT (idempotency_key) DO NOTHING
+                 RETURNING idempotency_key, message_id, gateway, provider_id
+             ), settled AS (
+                 DELETE FROM in_flight_sends WHERE message_id IN (SELECT message_id FROM input)
+             ), awaiting AS (
+                 INSERT INTO awaiting_receipt (message_id)
+                 SELECT message_id FROM effect
+                 ON CONFLICT (message_id) DO NOTHING
+             ), accepted AS (
+                 INSERT INTO message_events (message_id, state, detail)
+                 SELECT message_id, 'ACCEPTED',
+                        jsonb_build_object('gateway', gateway, 'provider_id', provider_id)
+                 FROM effect
+             )
+             SELECT idempotency_key FROM effect",
+        )
+        .bind(&keys)
+        .bind(&ids)
+        .bind(&gateways)
+        .bind(&provider_ids)
+        .fetch_all(pool),
+    )
+    .await?;
+    let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
+    Ok(effects
+        .iter()
+        .map(|e| inserted.contains(&e.idempotency_key))
+        .collect())
+}
+
+/// The recipients of `message_ids` (for the worker's internal checks), in one query.
+pub async fn recipients_of(
+    pool: &PgPool,
+    message_ids: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, String>, StoreError> {
+    let rows: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT id, recipient FROM messages WHERE id = ANY($1)")
+            .bind(message_ids)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// The provider's answer to a submit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderReceipt {

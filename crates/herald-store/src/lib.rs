@@ -33,6 +33,9 @@ pub enum StoreError {
     NotMigrated,
     #[error("stored data is invalid: {0}")]
     Corrupt(String),
+    /// A write shared with other callers (group commit) failed; the text is its error.
+    #[error("the shared write failed: {0}")]
+    GroupWrite(String),
     /// The partition's recorded epoch is not the caller's: a newer owner took it over, and the
     /// statement changed nothing.
     #[error("partition {partition} is fenced: epoch {epoch} is no longer its owner's")]

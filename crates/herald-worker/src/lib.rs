@@ -6,6 +6,7 @@
 
 pub mod metrics;
 pub mod provider;
+pub mod recorder;
 pub mod send;
 pub mod status;
 
@@ -25,6 +26,8 @@ pub struct WorkerSettings {
     pub consumer: String,
     /// Jobs handled at once.
     pub concurrency: usize,
+    /// Most entries read (and handed to the handler) together.
+    pub max_batch: usize,
     /// Longest a read blocks waiting for new entries.
     pub read_block: Duration,
     /// An entry unacknowledged this long by its consumer is taken over.
@@ -38,6 +41,7 @@ impl Default for WorkerSettings {
         Self {
             consumer: "worker".to_owned(),
             concurrency: 64,
+            max_batch: 256,
             read_block: Duration::from_secs(1),
             reclaim_idle: Duration::from_secs(60),
             reclaim_interval: Duration::from_secs(15),
@@ -62,6 +66,24 @@ pub trait Handler: Send + Sync + 'static {
         delivery: Delivery,
         cancel: CancellationToken,
     ) -> impl std::future::Future<Output = Handled> + Send;
+
+    /// Handles entries read together, answering each entry id with its outcome. The default
+    /// handles each on its own, concurrently; a handler that can share statements between
+    /// jobs (the send handler confirms a whole batch in one) overrides it.
+    fn handle_batch(
+        &self,
+        deliveries: Vec<Delivery>,
+        cancel: CancellationToken,
+    ) -> impl std::future::Future<Output = Vec<(String, Handled)>> + Send {
+        async move {
+            let handled = deliveries.into_iter().map(|delivery| {
+                let entry_id = delivery.entry_id.clone();
+                let cancel = cancel.clone();
+                async move { (entry_id, self.handle(delivery, cancel).await) }
+            });
+            futures::future::join_all(handled).await
+        }
+    }
 }
 
 /// Runs the server over every shard of its job type until `cancel`; in-flight jobs finish
@@ -129,7 +151,7 @@ async fn read_shard<H: Handler>(
                 Err(_) => break,
             },
         };
-        let free = semaphore.available_permits() + 1;
+        let free = (semaphore.available_permits() + 1).min(settings.max_batch.max(1));
         drop(one);
         let deliveries = if tokio::time::Instant::now() >= next_reclaim {
             next_reclaim = tokio::time::Instant::now() + settings.reclaim_interval;
@@ -163,29 +185,39 @@ async fn read_shard<H: Handler>(
                 }
             }
         };
-        for delivery in deliveries {
-            let Ok(permit) = semaphore.clone().acquire_owned().await else {
-                break;
-            };
-            let store = store.clone();
-            let handler = handler.clone();
-            let cancel = cancel.clone();
-            tasks.spawn(async move {
-                ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
-                    .increment(1.0);
-                let entry_id = delivery.entry_id.clone();
-                let handled = handler.handle(delivery, cancel).await;
-                if handled == Handled::Done {
-                    if let Err(err) = store.ack_and_delete(std::slice::from_ref(&entry_id)).await {
-                        // The outcome is recorded; the entry will be reclaimed and seen as done.
-                        tracing::warn!(error = %err, entry = %entry_id, "acknowledging failed");
-                    }
-                }
-                ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
-                    .decrement(1.0);
-                drop(permit);
-            });
+        if deliveries.is_empty() {
+            continue;
         }
+        // One task per batch read: a slot for each entry, one acknowledgement round trip for
+        // every entry whose outcome is recorded.
+        let Ok(permits) = semaphore
+            .clone()
+            .acquire_many_owned(deliveries.len() as u32)
+            .await
+        else {
+            break;
+        };
+        let store = store.clone();
+        let handler = handler.clone();
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            let count = deliveries.len() as f64;
+            ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
+                .increment(count);
+            let handled = handler.handle_batch(deliveries, cancel).await;
+            let done: Vec<String> = handled
+                .into_iter()
+                .filter(|(_, handled)| *handled == Handled::Done)
+                .map(|(entry_id, _)| entry_id)
+                .collect();
+            if let Err(err) = store.ack_and_delete(&done).await {
+                // The outcomes are recorded; the entries will be reclaimed and seen as done.
+                tracing::warn!(error = %err, entries = done.len(), "acknowledging failed");
+            }
+            ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
+                .decrement(count);
+            drop(permits);
+        });
     }
     while tasks.join_next().await.is_some() {}
 }

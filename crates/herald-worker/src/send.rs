@@ -8,8 +8,8 @@ use herald_core::job::Job;
 use herald_core::{send_effect_key, JobType};
 use herald_queue::Delivery;
 use herald_store::effects::{
-    confirm_ownership, recipient_of, record_accepted, record_failed, reject_before_claim,
-    schedule_retry, ProviderReceipt, RetryOutcome,
+    confirm_ownership, confirm_ownership_batch, recipient_of, recipients_of, record_failed,
+    reject_before_claim, schedule_retry, AcceptedEffect, OwnedSend, ProviderReceipt, RetryOutcome,
 };
 use herald_store::StoreError;
 use sqlx::PgPool;
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
 use crate::provider::{ProviderClient, SubmitOutcome};
+use crate::recorder::AcceptedRecorder;
 use crate::{Handled, Handler};
 
 #[derive(Debug, Clone)]
@@ -27,6 +28,8 @@ pub struct SendSettings {
     pub retry_base: Duration,
     /// The longest back-off.
     pub retry_max: Duration,
+    /// Most ACCEPTED sends one group-commit statement writes (1: one per transaction).
+    pub max_group: usize,
     /// This worker's name in CLAIMED events.
     pub worker: String,
     /// Recipients an internal check refuses: their messages end FAILED before any claim.
@@ -39,6 +42,7 @@ impl Default for SendSettings {
             max_attempts: 10,
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
+            max_group: 256,
             worker: "worker".to_owned(),
             blocked_recipients: Default::default(),
         }
@@ -46,42 +50,147 @@ impl Default for SendSettings {
 }
 
 pub struct SendHandler {
-    pub pool: PgPool,
-    pub provider: ProviderClient,
-    pub settings: SendSettings,
+    pool: PgPool,
+    provider: ProviderClient,
+    settings: SendSettings,
+    recorder: AcceptedRecorder,
 }
 
-impl Handler for SendHandler {
-    async fn handle(&self, delivery: Delivery, cancel: CancellationToken) -> Handled {
-        let job = match delivery.job {
-            Ok(job) if job.job_type == JobType::Send => job,
-            Ok(job) => {
-                outcome("wrong_job_type");
-                tracing::error!(entry = %delivery.entry_id, job_type = %job.job_type,
-                    outbox_id = job.outbox_id, "a non-send job is on the send stream; dropping this copy (its outbox row stays the proof)");
-                return Handled::Done;
-            }
-            Err(raw) => {
-                ::metrics::counter!(m::MALFORMED, "job_type" => "send").increment(1);
-                tracing::error!(entry = %delivery.entry_id, raw = %raw,
-                    "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
-                return Handled::Done;
-            }
-        };
-        match self.send(&job, &cancel).await {
-            Ok(()) => Handled::Done,
-            Err(err) => {
-                outcome("store_error");
-                tracing::error!(outbox_id = job.outbox_id, error = %err,
-                    "could not record the outcome; leaving the entry to be reclaimed");
-                Handled::Keep
-            }
+/// Longest a write after the provider call is retried through a database outage.
+const WRITE_RETRY_FOR: Duration = Duration::from_secs(30);
+
+impl SendHandler {
+    /// The handler and its group-commit writer (which stops retrying writes on `cancel`).
+    pub fn new(
+        pool: PgPool,
+        provider: ProviderClient,
+        settings: SendSettings,
+        cancel: CancellationToken,
+    ) -> Self {
+        let recorder =
+            AcceptedRecorder::spawn(pool.clone(), settings.max_group, WRITE_RETRY_FOR, cancel);
+        Self {
+            pool,
+            provider,
+            settings,
+            recorder,
         }
     }
 }
 
+/// The send job in an entry, or `None` (counted and logged) for an entry that is not one: its
+/// copy is dropped, its outbox row stays the proof.
+fn send_job(delivery: Delivery) -> Option<Job> {
+    match delivery.job {
+        Ok(job) if job.job_type == JobType::Send => Some(job),
+        Ok(job) => {
+            outcome("wrong_job_type");
+            tracing::error!(entry = %delivery.entry_id, job_type = %job.job_type,
+                outbox_id = job.outbox_id, "a non-send job is on the send stream; dropping this copy (its outbox row stays the proof)");
+            None
+        }
+        Err(raw) => {
+            ::metrics::counter!(m::MALFORMED, "job_type" => "send").increment(1);
+            tracing::error!(entry = %delivery.entry_id, raw = %raw,
+                "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
+            None
+        }
+    }
+}
+
+fn handled(job: &Job, result: Result<(), StoreError>) -> Handled {
+    match result {
+        Ok(()) => Handled::Done,
+        Err(err) => {
+            outcome("store_error");
+            tracing::error!(outbox_id = job.outbox_id, error = %err,
+                "could not record the outcome; leaving the entry to be reclaimed");
+            Handled::Keep
+        }
+    }
+}
+
+impl Handler for SendHandler {
+    async fn handle(&self, delivery: Delivery, cancel: CancellationToken) -> Handled {
+        let Some(job) = send_job(delivery) else {
+            return Handled::Done;
+        };
+        handled(&job, self.send(&job, &cancel).await)
+    }
+
+    /// The batched path: internal checks for the whole batch, ownership of the whole batch
+    /// confirmed in one statement (CLAIMED committed before any call), the provider called
+    /// for every job at once, and each ACCEPTED group-committed after its own call.
+    async fn handle_batch(
+        &self,
+        deliveries: Vec<Delivery>,
+        cancel: CancellationToken,
+    ) -> Vec<(String, Handled)> {
+        let mut answers = Vec::with_capacity(deliveries.len());
+        let mut jobs = Vec::with_capacity(deliveries.len());
+        for delivery in deliveries {
+            let entry_id = delivery.entry_id.clone();
+            match send_job(delivery) {
+                Some(job) => jobs.push((entry_id, job)),
+                None => answers.push((entry_id, Handled::Done)),
+            }
+        }
+        let jobs = match self.refuse_blocked(jobs).await {
+            Ok(jobs) => jobs,
+            Err((err, jobs)) => {
+                tracing::error!(error = %err, "internal checks failed; leaving the batch to be reclaimed");
+                outcome("store_error");
+                answers.extend(jobs.into_iter().map(|(entry, _)| (entry, Handled::Keep)));
+                return answers;
+            }
+        };
+        let keys: Vec<(u32, i64)> = jobs
+            .iter()
+            .map(|(_, j)| (j.partition, j.outbox_id))
+            .collect();
+        let owned = match confirm_ownership_batch(&self.pool, &keys, &self.settings.worker).await {
+            Ok(owned) => owned,
+            Err(err) => {
+                outcome("store_error");
+                tracing::error!(error = %err, jobs = jobs.len(), "could not confirm ownership; leaving the batch to be reclaimed");
+                answers.extend(jobs.into_iter().map(|(entry, _)| (entry, Handled::Keep)));
+                return answers;
+            }
+        };
+        let mut owned: std::collections::HashMap<(u32, i64), OwnedSend> = owned
+            .into_iter()
+            .map(|o| ((o.partition, o.outbox_id), o.send))
+            .collect();
+        let mut calls = Vec::with_capacity(jobs.len());
+        for (entry_id, job) in jobs {
+            match owned.remove(&(job.partition, job.outbox_id)) {
+                // Another copy of this job was confirmed, or the row was re-driven.
+                None => {
+                    outcome("stale_copy");
+                    answers.push((entry_id, Handled::Done));
+                }
+                Some(send) => {
+                    ::metrics::counter!(m::CONFIRMED, "job_type" => "send").increment(1);
+                    if send.already_accepted {
+                        outcome("already_accepted");
+                        answers.push((entry_id, Handled::Done));
+                        continue;
+                    }
+                    let cancel = cancel.clone();
+                    calls.push(async move {
+                        let result = self.call_and_record(&job, &send, &cancel).await;
+                        (entry_id, handled(&job, result))
+                    });
+                }
+            }
+        }
+        answers.extend(futures::future::join_all(calls).await);
+        answers
+    }
+}
+
 impl SendHandler {
-    #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition, message_id))]
+    #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition))]
     async fn send(&self, job: &Job, cancel: &CancellationToken) -> Result<(), StoreError> {
         if let Some(reason) = self.internal_check(job).await? {
             let rejected =
@@ -106,11 +215,22 @@ impl SendHandler {
             return Ok(());
         };
         ::metrics::counter!(m::CONFIRMED, "job_type" => "send").increment(1);
-        tracing::Span::current().record("message_id", tracing::field::display(owned.message_id));
         if owned.already_accepted {
             outcome("already_accepted");
             return Ok(());
         }
+        self.call_and_record(job, &owned, cancel).await
+    }
+
+    /// Calls the provider for a send this worker owns (CLAIMED is committed) and records the
+    /// outcome: ACCEPTED with its ledger row through the group commit, FAILED, or a retry.
+    #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition, message_id = %owned.message_id))]
+    async fn call_and_record(
+        &self,
+        job: &Job,
+        owned: &OwnedSend,
+        cancel: &CancellationToken,
+    ) -> Result<(), StoreError> {
         let key = send_effect_key(owned.message_id);
         match self
             .provider
@@ -121,14 +241,15 @@ impl SendHandler {
                 gateway,
                 provider_id,
             } => {
-                let receipt = ProviderReceipt {
-                    gateway,
-                    provider_id,
+                let effect = AcceptedEffect {
+                    message_id: owned.message_id,
+                    idempotency_key: key,
+                    receipt: ProviderReceipt {
+                        gateway,
+                        provider_id,
+                    },
                 };
-                let inserted = with_retries(cancel, || {
-                    record_accepted(&self.pool, owned.message_id, &key, &receipt)
-                })
-                .await?;
+                let inserted = self.recorder.record(effect).await?;
                 outcome(if inserted {
                     "accepted"
                 } else {
@@ -171,6 +292,47 @@ impl SendHandler {
         Ok(())
     }
 
+    /// Refuses, before any claim, the jobs whose recipient an internal check blocks (one
+    /// query for the batch); answers the others. On a database error, every job comes back.
+    #[allow(clippy::type_complexity)]
+    async fn refuse_blocked(
+        &self,
+        jobs: Vec<(String, Job)>,
+    ) -> Result<Vec<(String, Job)>, (StoreError, Vec<(String, Job)>)> {
+        if self.settings.blocked_recipients.is_empty() {
+            return Ok(jobs);
+        }
+        let ids: Vec<uuid::Uuid> = jobs.iter().filter_map(|(_, j)| j.message_id).collect();
+        let recipients = match recipients_of(&self.pool, &ids).await {
+            Ok(recipients) => recipients,
+            Err(err) => return Err((err, jobs)),
+        };
+        let mut allowed = Vec::with_capacity(jobs.len());
+        for (entry_id, job) in jobs {
+            let blocked = job
+                .message_id
+                .and_then(|id| recipients.get(&id))
+                .filter(|r| self.settings.blocked_recipients.contains(*r));
+            let Some(recipient) = blocked else {
+                allowed.push((entry_id, job));
+                continue;
+            };
+            let reason = format!("recipient {recipient} is blocked");
+            match reject_before_claim(&self.pool, job.partition, job.outbox_id, &reason).await {
+                Ok(rejected) => outcome(if rejected {
+                    "rejected_internal"
+                } else {
+                    "stale_copy"
+                }),
+                Err(err) => {
+                    allowed.push((entry_id, job));
+                    return Err((err, allowed));
+                }
+            }
+        }
+        Ok(allowed)
+    }
+
     /// The checks a message must pass before it may be claimed; `Some(reason)` refuses it.
     async fn internal_check(&self, job: &Job) -> Result<Option<String>, StoreError> {
         if self.settings.blocked_recipients.is_empty() {
@@ -200,7 +362,20 @@ fn outcome(label: &'static str) {
 
 /// Retries a write that must not be lost after a provider call (the call cannot be undone)
 /// through short database outages: up to about 30 seconds, or until cancelled.
-async fn with_retries<T, F, Fut>(cancel: &CancellationToken, mut write: F) -> Result<T, StoreError>
+async fn with_retries<T, F, Fut>(cancel: &CancellationToken, write: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    with_retries_for(cancel, WRITE_RETRY_FOR, write).await
+}
+
+/// [`with_retries`] for up to `retry_for`.
+pub(crate) async fn with_retries_for<T, F, Fut>(
+    cancel: &CancellationToken,
+    retry_for: Duration,
+    mut write: F,
+) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -210,9 +385,7 @@ where
     loop {
         match write().await {
             Ok(value) => return Ok(value),
-            Err(err) if waited >= Duration::from_secs(30) || cancel.is_cancelled() => {
-                return Err(err)
-            }
+            Err(err) if waited >= retry_for || cancel.is_cancelled() => return Err(err),
             Err(err) => {
                 tracing::warn!(error = %err, "write after the provider call failed; retrying");
                 tokio::time::sleep(delay).await;

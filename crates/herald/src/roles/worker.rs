@@ -23,10 +23,11 @@ pub async fn main(args: WorkerArgs) -> anyhow::Result<i32> {
 }
 
 pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<()> {
-    if args.concurrency == 0 || args.max_attempts == 0 {
-        return Err(
-            ConfigError("--concurrency and --max-attempts must be at least 1".into()).into(),
-        );
+    if args.concurrency == 0 || args.max_attempts == 0 || args.max_batch == 0 {
+        return Err(ConfigError(
+            "--concurrency, --max-attempts and --max-batch must be at least 1".into(),
+        )
+        .into());
     }
     let provider = match (args.job_type, &args.provider_url) {
         (JobType::Send, None) => {
@@ -80,18 +81,20 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
     let settings = WorkerSettings {
         consumer: consumer.clone(),
         concurrency: args.concurrency,
+        max_batch: args.max_batch,
         reclaim_idle: args.reclaim_idle,
         ..WorkerSettings::default()
     };
     tracing::info!(job_type = %args.job_type, %consumer, concurrency = args.concurrency, shards = stores.len(), "worker started");
     match provider {
         Some(provider) => {
-            let handler = Arc::new(SendHandler {
+            let handler = Arc::new(SendHandler::new(
                 pool,
                 provider,
-                settings: SendSettings {
+                SendSettings {
                     max_attempts: args.max_attempts,
                     retry_base: args.retry_base,
+                    max_group: args.max_batch,
                     worker: consumer,
                     blocked_recipients: args
                         .blocked_recipients
@@ -100,7 +103,8 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
                         .collect(),
                     ..SendSettings::default()
                 },
-            });
+                cancel.clone(),
+            ));
             herald_worker::run(stores, handler, settings, cancel).await;
         }
         None => {
