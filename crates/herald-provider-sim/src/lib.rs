@@ -346,31 +346,6 @@ pub async fn fetch_provider_views(
         .collect())
 }
 
-/// Reads a running simulator's `GET /v1/submits`: how often each idempotency key was
-/// submitted. The one reader of that format, for `herald verify` and the load tester.
-pub async fn fetch_submit_counts(
-    sim_url: &str,
-    timeout: Duration,
-) -> anyhow::Result<std::collections::HashMap<String, u64>> {
-    let url = format!("{}/v1/submits", sim_url.trim_end_matches('/'));
-    let text = reqwest::Client::new()
-        .get(&url)
-        .timeout(timeout)
-        .send()
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    let mut counts = std::collections::HashMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let (key, count) = line
-            .rsplit_once(' ')
-            .ok_or_else(|| anyhow::anyhow!("unreadable line from {url}: {line:?}"))?;
-        counts.insert(key.to_owned(), count.parse()?);
-    }
-    Ok(counts)
-}
-
 fn error(status: StatusCode, detail: &str) -> Response {
     (status, Json(serde_json::json!({ "error": detail }))).into_response()
 }

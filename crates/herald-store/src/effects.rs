@@ -26,55 +26,16 @@ pub struct OwnedSend {
 /// Marks the outbox row DONE and appends CLAIMED to its message, in one statement. Returns
 /// `None` when the row is not PROCESSING/PUBLISHED any more (another worker finished it, or a
 /// re-drive returned it to PENDING and a newer copy of the job is on its way): the caller
-/// drops its copy. No CLAIMED is appended for a message that is already ACCEPTED.
+/// drops its copy. No CLAIMED is appended for a message that is already ACCEPTED. The batch
+/// statement ([`confirm_ownership_batch`]) for one job.
 pub async fn confirm_ownership(
     pool: &PgPool,
     partition: u32,
     outbox_id: i64,
     worker: &str,
 ) -> Result<Option<OwnedSend>, StoreError> {
-    let row: Option<(Uuid, String, Json<Value>, bool)> = measured(
-        Operation::Confirm,
-        sqlx::query_as(
-            "WITH done AS (
-                 UPDATE outbox SET status = 'DONE'
-                 WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')
-                 RETURNING id, message_id, attempts
-             ), owned AS (
-                 SELECT done.id, done.message_id, done.attempts,
-                        EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = done.message_id)
-                            AS accepted
-                 FROM done
-             ), claimed AS (
-                 INSERT INTO message_events (message_id, state, detail)
-                 SELECT message_id, 'CLAIMED',
-                        jsonb_build_object('worker', $3::text, 'outbox_id', id,
-                                           'attempt', attempts)
-                 FROM owned WHERE NOT accepted
-             ), in_flight AS (
-                 INSERT INTO in_flight_sends (message_id, partition, outbox_id)
-                 SELECT message_id, $1, id FROM owned WHERE NOT accepted
-                 ON CONFLICT (message_id) DO UPDATE
-                     SET partition = EXCLUDED.partition, outbox_id = EXCLUDED.outbox_id,
-                         claimed_at = now()
-             )
-             SELECT m.id, m.recipient, m.body, owned.accepted
-             FROM owned JOIN messages m ON m.id = owned.message_id",
-        )
-        .bind(partition as i32)
-        .bind(outbox_id)
-        .bind(worker)
-        .fetch_optional(pool),
-    )
-    .await?;
-    Ok(row.map(
-        |(message_id, recipient, Json(body), already_accepted)| OwnedSend {
-            message_id,
-            recipient,
-            body,
-            already_accepted,
-        },
-    ))
+    let owned = confirm_ownership_batch(pool, &[(partition, outbox_id)], worker).await?;
+    Ok(owned.into_iter().next().map(|o| o.send))
 }
 
 /// A send the worker now owns, from a batch: which outbox row it came from, and the message.
@@ -253,41 +214,21 @@ pub struct ProviderReceipt {
 
 /// Inserts the ledger row for the effect and appends ACCEPTED, in one statement; the send is
 /// no longer in flight and now awaits its receipt. A second write of the same effect (same
-/// idempotency key) changes nothing and returns false.
+/// idempotency key) changes nothing and returns false. The batch statement
+/// ([`record_accepted_batch`]) for one effect.
 pub async fn record_accepted(
     pool: &PgPool,
     message_id: Uuid,
     idempotency_key: &str,
     receipt: &ProviderReceipt,
 ) -> Result<bool, StoreError> {
-    let done = measured(
-        Operation::LedgerWrite,
-        sqlx::query(
-            "WITH effect AS (
-                 INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
-                 VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (idempotency_key) DO NOTHING
-                 RETURNING message_id
-             ), settled AS (
-                 DELETE FROM in_flight_sends WHERE message_id = $2
-             ), awaiting AS (
-                 INSERT INTO awaiting_receipt (message_id)
-                 SELECT message_id FROM effect
-                 ON CONFLICT (message_id) DO NOTHING
-             )
-             INSERT INTO message_events (message_id, state, detail)
-             SELECT message_id, 'ACCEPTED',
-                    jsonb_build_object('gateway', $3::text, 'provider_id', $4::text)
-             FROM effect",
-        )
-        .bind(idempotency_key)
-        .bind(message_id)
-        .bind(&receipt.gateway)
-        .bind(&receipt.provider_id)
-        .execute(pool),
-    )
-    .await?;
-    Ok(done.rows_affected() == 1)
+    let effect = AcceptedEffect {
+        message_id,
+        idempotency_key: idempotency_key.to_owned(),
+        receipt: receipt.clone(),
+    };
+    let inserted = record_accepted_batch(pool, &[effect]).await?;
+    Ok(inserted.first().copied().unwrap_or(false))
 }
 
 /// What became of a send that failed in a way worth retrying.
