@@ -28,6 +28,36 @@ fn herald_binary() -> PathBuf {
     herald
 }
 
+/// A provider that answers 404 to everything (Herald pointed at the wrong URL) takes no
+/// message: the run must fail, naming the DEAD ones, and pass only when it declares them.
+#[test]
+fn a_provider_answering_404_to_everything_fails_the_run() {
+    let herald = herald_binary();
+    let out = tempfile::tempdir().unwrap();
+    let run = |expect: &str| {
+        let output = Command::new(LOADTEST)
+            .args(["run", "--local", "--herald-bin"])
+            .arg(&herald)
+            .args(["--rate", "20", "--duration", "2s", "--partitions", "16"])
+            .args(["--seed", "11", "--drain-timeout", "120s", "--no-plot"])
+            .args(["--sim-flag=--refuse-status=404"])
+            .args(["--send-worker-flag=--max-attempts=2"])
+            .args(["--send-worker-flag=--retry-base=50ms"])
+            .args(["--expect", expect, "--name", "refused", "--out"])
+            .arg(out.path())
+            .output()
+            .expect("running herald-loadtest");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        println!("{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+        (output.status.code(), stdout)
+    };
+    let (code, stdout) = run("");
+    assert_eq!(code, Some(1), "a run that delivered nothing must fail");
+    assert!(stdout.contains("WRONG dead: 40 (expected 0)"), "{stdout}");
+    let (code, stdout) = run("dead=40");
+    assert_eq!(code, Some(0), "the outage was declared: {stdout}");
+}
+
 #[test]
 fn a_short_load_with_the_send_worker_killed_loses_and_doubles_nothing() {
     let herald = herald_binary();
