@@ -65,6 +65,129 @@ pub async fn load_receipt(pool: &PgPool, id: i64) -> Result<Option<StoredReceipt
     )
 }
 
+/// Stored receipts by id, in one query; ids that do not exist are absent.
+pub async fn load_receipts(
+    pool: &PgPool,
+    ids: &[i64],
+) -> Result<std::collections::HashMap<i64, StoredReceipt>, StoreError> {
+    let rows: Vec<StoredReceipt> =
+        sqlx::query_as("SELECT id, gateway, raw, received_at FROM receipts WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r)).collect())
+}
+
+/// [`message_for_receipt`] for many receipts in one query: `(gateway, provider id, received
+/// at)` each, answered in input order.
+pub async fn messages_for_receipts(
+    pool: &PgPool,
+    receipts: &[(String, String, DateTime<Utc>)],
+) -> Result<Vec<Option<Uuid>>, StoreError> {
+    if receipts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let gateways: Vec<&str> = receipts.iter().map(|r| r.0.as_str()).collect();
+    let provider_ids: Vec<&str> = receipts.iter().map(|r| r.1.as_str()).collect();
+    let received: Vec<DateTime<Utc>> = receipts.iter().map(|r| r.2).collect();
+    let rows: Vec<(i64, Option<Uuid>)> = sqlx::query_as(
+        "SELECT i.ord,
+                (SELECT l.message_id FROM ledger l
+                 WHERE l.gateway = i.gateway AND l.provider_id = i.provider_id
+                   AND l.created_at <= i.received_at + make_interval(secs => $4)
+                 ORDER BY l.created_at DESC LIMIT 1)
+         FROM UNNEST($1::text[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
+              AS i(gateway, provider_id, received_at, ord)",
+    )
+    .bind(&gateways)
+    .bind(&provider_ids)
+    .bind(&received)
+    .bind(RECEIPT_RACE_WINDOW_SECS)
+    .fetch_all(pool)
+    .await?;
+    let mut out = vec![None; receipts.len()];
+    for (ord, message) in rows {
+        if let Some(slot) = out.get_mut((ord - 1) as usize) {
+            *slot = message;
+        }
+    }
+    Ok(out)
+}
+
+/// One mapped receipt to apply: its status job's outbox row, its message, the state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceiptToApply {
+    pub partition: u32,
+    pub outbox_id: i64,
+    pub message_id: Uuid,
+    pub state: MessageState,
+    pub detail: serde_json::Value,
+}
+
+/// [`apply_receipt`] for many receipts in one statement: every status job still
+/// PROCESSING/PUBLISHED becomes DONE with its state appended, final states end their wait.
+/// Returns the (partition, outbox id) of the jobs applied; the others were another copy's.
+pub async fn apply_receipts(
+    pool: &PgPool,
+    receipts: &[ReceiptToApply],
+) -> Result<Vec<(u32, i64)>, StoreError> {
+    if receipts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let partitions: Vec<i32> = receipts.iter().map(|r| r.partition as i32).collect();
+    let ids: Vec<i64> = receipts.iter().map(|r| r.outbox_id).collect();
+    let messages: Vec<Uuid> = receipts.iter().map(|r| r.message_id).collect();
+    let states: Vec<&str> = receipts.iter().map(|r| r.state.as_str()).collect();
+    let details: Vec<Json<&serde_json::Value>> = receipts.iter().map(|r| Json(&r.detail)).collect();
+    let finals: Vec<bool> = receipts
+        .iter()
+        .map(|r| herald_core::receipt::is_final(r.state))
+        .collect();
+    let applied: Vec<(i32, i64)> = measured(
+        Operation::ReceiptApply,
+        sqlx::query_as(
+            "WITH input AS (
+                 SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::uuid[], $4::text[],
+                                      $5::jsonb[], $6::bool[]) WITH ORDINALITY
+                     AS t(partition, id, message_id, state, detail, is_final, ord)
+             ), locked AS (
+                 SELECT o.partition, o.id FROM outbox o JOIN input i
+                     ON o.partition = i.partition AND o.id = i.id
+                 WHERE o.status IN ('PROCESSING', 'PUBLISHED')
+                 ORDER BY o.partition, o.id
+                 FOR UPDATE OF o
+             ), done AS (
+                 UPDATE outbox o SET status = 'DONE'
+                 FROM locked l
+                 WHERE o.partition = l.partition AND o.id = l.id
+                   AND o.status IN ('PROCESSING', 'PUBLISHED')
+                 RETURNING o.partition, o.id
+             ), applied AS (
+                 SELECT i.* FROM input i JOIN done d ON d.partition = i.partition AND d.id = i.id
+             ), settled AS (
+                 DELETE FROM awaiting_receipt
+                 WHERE message_id IN (SELECT message_id FROM applied WHERE is_final)
+             ), events AS (
+                 INSERT INTO message_events (message_id, state, detail)
+                 SELECT message_id, state, detail FROM applied ORDER BY ord
+             )
+             SELECT partition, id FROM applied",
+        )
+        .bind(&partitions)
+        .bind(&ids)
+        .bind(&messages)
+        .bind(&states)
+        .bind(&details)
+        .bind(&finals)
+        .fetch_all(pool),
+    )
+    .await?;
+    Ok(applied
+        .into_iter()
+        .map(|(partition, id)| (partition as u32, id))
+        .collect())
+}
+
 /// How much later than a receipt its effect's ledger row may be written: a provider may post the
 /// receipt before the worker recorded the provider's answer.
 pub const RECEIPT_RACE_WINDOW_SECS: f64 = 600.0;
@@ -78,23 +201,13 @@ pub async fn message_for_receipt(
     provider_id: &str,
     received_at: DateTime<Utc>,
 ) -> Result<Option<Uuid>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT message_id FROM ledger
-         WHERE gateway = $1 AND provider_id = $2
-           AND created_at <= $3 + make_interval(secs => $4)
-         ORDER BY created_at DESC LIMIT 1",
-    )
-    .bind(gateway)
-    .bind(provider_id)
-    .bind(received_at)
-    .bind(RECEIPT_RACE_WINDOW_SECS)
-    .fetch_optional(pool)
-    .await?)
+    let one = [(gateway.to_owned(), provider_id.to_owned(), received_at)];
+    Ok(messages_for_receipts(pool, &one).await?.pop().flatten())
 }
 
 /// Applies a mapped receipt: the status job's outbox row becomes DONE and the state is appended
 /// to the message's history, in one statement; a final state ends the wait for a receipt.
-/// Returns false when another copy of the job got there first.
+/// Returns false when another copy of the job got there first. [`apply_receipts`] for one.
 pub async fn apply_receipt(
     pool: &PgPool,
     partition: u32,
@@ -103,31 +216,14 @@ pub async fn apply_receipt(
     state: MessageState,
     detail: serde_json::Value,
 ) -> Result<bool, StoreError> {
-    let is_final = herald_core::receipt::is_final(state);
-    let done = measured(
-        Operation::ReceiptApply,
-        sqlx::query(
-            "WITH done AS (
-                 UPDATE outbox SET status = 'DONE'
-                 WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')
-                 RETURNING id
-             ), settled AS (
-                 DELETE FROM awaiting_receipt
-                 WHERE message_id = $3 AND $6 AND EXISTS (SELECT 1 FROM done)
-             )
-             INSERT INTO message_events (message_id, state, detail)
-             SELECT $3, $4, $5 FROM done",
-        )
-        .bind(partition as i32)
-        .bind(outbox_id)
-        .bind(message_id)
-        .bind(state.as_str())
-        .bind(Json(detail))
-        .bind(is_final)
-        .execute(pool),
-    )
-    .await?;
-    Ok(done.rows_affected() == 1)
+    let receipt = ReceiptToApply {
+        partition,
+        outbox_id,
+        message_id,
+        state,
+        detail,
+    };
+    Ok(!apply_receipts(pool, &[receipt]).await?.is_empty())
 }
 
 /// Parks a job's input with the reason: the outbox row becomes DONE and the raw body goes to

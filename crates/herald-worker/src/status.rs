@@ -10,10 +10,12 @@ use std::time::Duration;
 use herald_core::job::Job;
 use herald_core::receipt::{decode, map_status, parse_timestamp};
 use herald_core::JobType;
+use herald_core::MessageState;
 use herald_queue::Delivery;
 use herald_store::outbox::defer_job;
 use herald_store::receipts::{
-    apply_receipt, load_receipt, mark_silent_unknown, message_for_receipt, park,
+    apply_receipts, load_receipts, mark_silent_unknown, messages_for_receipts, park,
+    ReceiptToApply, StoredReceipt,
 };
 use herald_store::StoreError;
 use sqlx::PgPool;
@@ -57,147 +59,210 @@ enum Applied {
     StaleCopy,
 }
 
-impl Handler for StatusHandler {
-    async fn handle(&self, delivery: Delivery, _cancel: CancellationToken) -> Handled {
-        let job = match delivery.job {
-            Ok(job) if job.job_type == JobType::Status => job,
-            Ok(job) => {
-                outcome("wrong_job_type");
-                tracing::error!(entry = %delivery.entry_id, job_type = %job.job_type, outbox_id = job.outbox_id,
-                    "a non-status job is on the status stream; dropping this copy (its outbox row stays the proof)");
-                return Handled::Done;
-            }
-            Err(raw) => {
-                ::metrics::counter!(m::MALFORMED, "job_type" => "status").increment(1);
-                tracing::error!(entry = %delivery.entry_id, raw = %raw,
-                    "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
-                return Handled::Done;
-            }
-        };
-        match self.apply(&job).await {
-            Ok(Applied::State(state)) => {
-                outcome("applied");
-                ::metrics::counter!(m::RECEIPT_STATES, "state" => state).increment(1);
-                Handled::Done
-            }
-            Ok(Applied::Parked(reason)) => {
-                outcome("parked");
-                ::metrics::counter!(m::PARKED, "job_type" => "status").increment(1);
-                tracing::warn!(outbox_id = job.outbox_id, %reason, "receipt parked with its raw body");
-                Handled::Done
-            }
-            Ok(Applied::Deferred) => {
-                outcome("deferred");
-                Handled::Done
-            }
-            Ok(Applied::StaleCopy) => {
-                outcome("stale_copy");
-                Handled::Done
-            }
-            Err(err) => {
-                outcome("store_error");
-                tracing::error!(outbox_id = job.outbox_id, error = %err, "could not record the receipt's outcome; leaving the entry to be reclaimed");
-                Handled::Keep
-            }
+/// A receipt decoded and mapped, waiting for its message to be looked up.
+struct Mapped<'a> {
+    receipt: &'a StoredReceipt,
+    provider_id: String,
+    state: MessageState,
+    detail: serde_json::Value,
+}
+
+/// Where one job of a batch stands.
+enum Step<'a> {
+    Finished(Applied),
+    Mapped(Mapped<'a>),
+}
+
+/// The status job in an entry, or `None` (counted and logged) for an entry that is not one:
+/// its copy is dropped, its outbox row stays the proof.
+fn status_job(delivery: Delivery) -> Option<Job> {
+    match delivery.job {
+        Ok(job) if job.job_type == JobType::Status => Some(job),
+        Ok(job) => {
+            outcome("wrong_job_type");
+            tracing::error!(entry = %delivery.entry_id, job_type = %job.job_type, outbox_id = job.outbox_id,
+                "a non-status job is on the status stream; dropping this copy (its outbox row stays the proof)");
+            None
+        }
+        Err(raw) => {
+            ::metrics::counter!(m::MALFORMED, "job_type" => "status").increment(1);
+            tracing::error!(entry = %delivery.entry_id, raw = %raw,
+                "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
+            None
         }
     }
 }
 
+/// Counts one receipt's end; every end is recorded in PostgreSQL, so the entry is done.
+fn counted(job: &Job, applied: Applied) -> Handled {
+    match applied {
+        Applied::State(state) => {
+            outcome("applied");
+            ::metrics::counter!(m::RECEIPT_STATES, "state" => state).increment(1);
+        }
+        Applied::Parked(reason) => {
+            outcome("parked");
+            ::metrics::counter!(m::PARKED, "job_type" => "status").increment(1);
+            tracing::warn!(outbox_id = job.outbox_id, %reason, "receipt parked with its raw body");
+        }
+        Applied::Deferred => outcome("deferred"),
+        Applied::StaleCopy => outcome("stale_copy"),
+    }
+    Handled::Done
+}
+
+impl Handler for StatusHandler {
+    async fn handle(&self, delivery: Delivery, cancel: CancellationToken) -> Handled {
+        self.handle_batch(vec![delivery], cancel)
+            .await
+            .pop()
+            .map(|(_, handled)| handled)
+            .unwrap_or(Handled::Keep)
+    }
+
+    /// A batch of receipts: loaded in one query, decoded and mapped, their messages found in
+    /// one query, and applied (states appended, jobs DONE) in one statement. Parking and
+    /// deferring, the rare ends, keep their own statements.
+    async fn handle_batch(
+        &self,
+        deliveries: Vec<Delivery>,
+        _cancel: CancellationToken,
+    ) -> Vec<(String, Handled)> {
+        let mut answers = Vec::with_capacity(deliveries.len());
+        let mut jobs = Vec::with_capacity(deliveries.len());
+        for delivery in deliveries {
+            let entry_id = delivery.entry_id.clone();
+            match status_job(delivery) {
+                Some(job) => jobs.push((entry_id, job)),
+                None => answers.push((entry_id, Handled::Done)),
+            }
+        }
+        let just_jobs: Vec<&Job> = jobs.iter().map(|(_, job)| job).collect();
+        match self.apply_batch(&just_jobs).await {
+            Ok(ends) => {
+                for ((entry_id, job), applied) in jobs.iter().zip(ends) {
+                    answers.push((entry_id.clone(), counted(job, applied)));
+                }
+            }
+            Err(err) => {
+                outcome("store_error");
+                tracing::error!(error = %err, receipts = jobs.len(),
+                    "could not record the receipts' outcome; leaving the entries to be reclaimed");
+                answers.extend(jobs.into_iter().map(|(entry, _)| (entry, Handled::Keep)));
+            }
+        }
+        answers
+    }
+}
+
 impl StatusHandler {
-    #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition, message_id))]
-    async fn apply(&self, job: &Job) -> Result<Applied, StoreError> {
-        let parked = |outcome: Option<i64>, reason: String| match outcome {
-            Some(_) => Applied::Parked(reason),
-            None => Applied::StaleCopy,
-        };
-        let Some(receipt_id) = job.payload.get("receipt_id").and_then(|v| v.as_i64()) else {
+    /// The end of every job, in order.
+    async fn apply_batch(&self, jobs: &[&Job]) -> Result<Vec<Applied>, StoreError> {
+        let ids: Vec<i64> = jobs.iter().filter_map(|job| receipt_id(job)).collect();
+        let receipts = load_receipts(&self.pool, &ids).await?;
+        let mut steps = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            steps.push(self.map(job, &receipts).await?);
+        }
+        let lookups: Vec<_> = steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Mapped(m) => Some((
+                    m.receipt.gateway.clone(),
+                    m.provider_id.clone(),
+                    m.receipt.received_at,
+                )),
+                Step::Finished(_) => None,
+            })
+            .collect();
+        let mut found = messages_for_receipts(&self.pool, &lookups)
+            .await?
+            .into_iter();
+        let mut to_apply = Vec::new();
+        let mut ends: Vec<Option<Applied>> = Vec::with_capacity(jobs.len());
+        for (job, step) in jobs.iter().zip(steps) {
+            let mapped = match step {
+                Step::Finished(applied) => {
+                    ends.push(Some(applied));
+                    continue;
+                }
+                Step::Mapped(mapped) => mapped,
+            };
+            let Some(message_id) = found.next().flatten() else {
+                ends.push(Some(self.unmatched(job, &mapped).await?));
+                continue;
+            };
+            to_apply.push(ReceiptToApply {
+                partition: job.partition,
+                outbox_id: job.outbox_id,
+                message_id,
+                state: mapped.state,
+                detail: mapped.detail,
+            });
+            ends.push(None);
+        }
+        let applied: std::collections::HashSet<(u32, i64)> = apply_receipts(&self.pool, &to_apply)
+            .await?
+            .into_iter()
+            .collect();
+        let mut applied_states = to_apply.iter().map(|r| {
+            if applied.contains(&(r.partition, r.outbox_id)) {
+                Applied::State(r.state.as_str())
+            } else {
+                Applied::StaleCopy
+            }
+        });
+        Ok(ends
+            .into_iter()
+            .map(|end| {
+                end.or_else(|| applied_states.next())
+                    .unwrap_or(Applied::StaleCopy)
+            })
+            .collect())
+    }
+
+    /// Decodes one job's receipt, maps its status and parses its timestamp; anything that
+    /// fails is parked with the raw body and the reason.
+    async fn map<'a>(
+        &self,
+        job: &Job,
+        receipts: &'a HashMap<i64, StoredReceipt>,
+    ) -> Result<Step<'a>, StoreError> {
+        let Some(id) = receipt_id(job) else {
             let raw = job.payload.to_string();
             let reason = "status job without a receipt_id".to_owned();
-            let id = park(
-                &self.pool,
-                job.partition,
-                job.outbox_id,
-                JobType::Status,
-                None,
-                raw.as_bytes(),
-                &reason,
-            )
-            .await?;
-            return Ok(parked(id, reason));
+            return self.park(job, None, raw.as_bytes(), reason).await;
         };
-        let Some(receipt) = load_receipt(&self.pool, receipt_id).await? else {
-            let reason = format!("receipt {receipt_id} does not exist");
-            let id = park(
-                &self.pool,
-                job.partition,
-                job.outbox_id,
-                JobType::Status,
-                None,
-                job.payload.to_string().as_bytes(),
-                &reason,
-            )
-            .await?;
-            return Ok(parked(id, reason));
-        };
-        let receipt = &receipt;
-        let park_receipt = |reason: String| async move {
-            let id = park(
-                &self.pool,
-                job.partition,
-                job.outbox_id,
-                JobType::Status,
-                Some(receipt.id),
-                &receipt.raw,
-                &reason,
-            )
-            .await?;
-            Ok::<_, StoreError>(parked(id, reason))
+        let Some(receipt) = receipts.get(&id) else {
+            let reason = format!("receipt {id} does not exist");
+            return self
+                .park(job, None, job.payload.to_string().as_bytes(), reason)
+                .await;
         };
         let decoded = match decode(&receipt.raw) {
             Ok(decoded) => decoded,
-            Err(err) => return park_receipt(err.to_string()).await,
+            Err(err) => {
+                return self
+                    .park(job, Some(receipt.id), &receipt.raw, err.to_string())
+                    .await
+            }
         };
         let state = match map_status(&decoded.status, &self.settings.aliases) {
             Ok(state) => state,
-            Err(err) => return park_receipt(err.to_string()).await,
+            Err(err) => {
+                return self
+                    .park(job, Some(receipt.id), &receipt.raw, err.to_string())
+                    .await
+            }
         };
         let provider_time = match parse_timestamp(&decoded.timestamp) {
             Ok(time) => time,
-            Err(err) => return park_receipt(err.to_string()).await,
-        };
-        let message_id = message_for_receipt(
-            &self.pool,
-            &receipt.gateway,
-            &decoded.provider_id,
-            receipt.received_at,
-        )
-        .await?;
-        let Some(message_id) = message_id else {
-            let reason = format!(
-                "no message was sent through gateway {:?} with provider id {:?}",
-                receipt.gateway, decoded.provider_id
-            );
-            if job.attempt >= self.settings.max_attempts as i32 {
-                return park_receipt(format!("{reason} (after {} attempts)", job.attempt)).await;
+            Err(err) => {
+                return self
+                    .park(job, Some(receipt.id), &receipt.raw, err.to_string())
+                    .await
             }
-            // The send may not be recorded yet (the receipt outran the worker's ledger write).
-            return Ok(
-                if defer_job(
-                    &self.pool,
-                    job.partition,
-                    job.outbox_id,
-                    &reason,
-                    self.settings.retry_after,
-                )
-                .await?
-                {
-                    Applied::Deferred
-                } else {
-                    Applied::StaleCopy
-                },
-            );
         };
-        tracing::Span::current().record("message_id", tracing::field::display(message_id));
         let detail = serde_json::json!({
             "gateway": receipt.gateway,
             "provider_id": decoded.provider_id,
@@ -205,23 +270,76 @@ impl StatusHandler {
             "provider_time": provider_time,
             "receipt_id": receipt.id,
         });
+        Ok(Step::Mapped(Mapped {
+            receipt,
+            provider_id: decoded.provider_id,
+            state,
+            detail,
+        }))
+    }
+
+    /// Parks a job's input (the job becomes DONE in the same statement).
+    async fn park<'a>(
+        &self,
+        job: &Job,
+        receipt_id: Option<i64>,
+        raw: &[u8],
+        reason: String,
+    ) -> Result<Step<'a>, StoreError> {
+        let parked = park(
+            &self.pool,
+            job.partition,
+            job.outbox_id,
+            JobType::Status,
+            receipt_id,
+            raw,
+            &reason,
+        )
+        .await?;
+        Ok(Step::Finished(match parked {
+            Some(_) => Applied::Parked(reason),
+            None => Applied::StaleCopy,
+        }))
+    }
+
+    /// A receipt whose message is not recorded (yet): the send may not be recorded yet (the
+    /// receipt outran the worker's ledger write), so it waits and tries again, and is parked
+    /// after `max_attempts`.
+    async fn unmatched(&self, job: &Job, mapped: &Mapped<'_>) -> Result<Applied, StoreError> {
+        let reason = format!(
+            "no message was sent through gateway {:?} with provider id {:?}",
+            mapped.receipt.gateway, mapped.provider_id
+        );
+        if job.attempt >= self.settings.max_attempts as i32 {
+            let reason = format!("{reason} (after {} attempts)", job.attempt);
+            let step = self
+                .park(job, Some(mapped.receipt.id), &mapped.receipt.raw, reason)
+                .await?;
+            return Ok(match step {
+                Step::Finished(applied) => applied,
+                Step::Mapped(_) => Applied::StaleCopy,
+            });
+        }
         Ok(
-            if apply_receipt(
+            if defer_job(
                 &self.pool,
                 job.partition,
                 job.outbox_id,
-                message_id,
-                state,
-                detail,
+                &reason,
+                self.settings.retry_after,
             )
             .await?
             {
-                Applied::State(state.as_str())
+                Applied::Deferred
             } else {
                 Applied::StaleCopy
             },
         )
     }
+}
+
+fn receipt_id(job: &Job) -> Option<i64> {
+    job.payload.get("receipt_id").and_then(|v| v.as_i64())
 }
 
 fn outcome(label: &'static str) {

@@ -268,9 +268,9 @@ pub struct WorkerArgs {
     /// Jobs handled at once by this server.
     #[arg(long, env = "HERALD_WORKER_CONCURRENCY", default_value_t = 64)]
     pub concurrency: usize,
-    /// send: most entries read and confirmed together, and most outcomes written by one
-    /// group-commit statement. 1 moves one job per transaction, as Herald started (for
-    /// comparison).
+    /// Most entries read and handled together: send confirms them in one statement and
+    /// group-commits their outcomes; status applies their receipts in one statement. 1 moves
+    /// one job per transaction, as Herald started (for comparison).
     #[arg(long, env = "HERALD_WORKER_MAX_BATCH", default_value_t = 256)]
     pub max_batch: usize,
     /// This consumer's name in the stream's group (default: host name and process id).
