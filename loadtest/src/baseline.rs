@@ -10,8 +10,8 @@ use crate::run::{LoadArgs, LocalArgs, OutputArgs};
 
 /// The poller flags of the starting point.
 pub const STARTING_POINT_FLAGS: [&str; 2] = ["--publish-concurrency=1", "--max-batches-per-tick=1"];
-/// The send worker flags of the starting point: one job per transaction.
-pub const STARTING_POINT_SEND_WORKER_FLAGS: [&str; 1] = ["--max-batch=1"];
+/// The worker flags of the starting point (send and status): one job per transaction.
+pub const STARTING_POINT_WORKER_FLAGS: [&str; 1] = ["--max-batch=1"];
 
 #[derive(Debug, clap::Args)]
 pub struct BaselineArgs {
@@ -42,11 +42,12 @@ pub async fn main(args: BaselineArgs) -> anyhow::Result<i32> {
     start_local
         .poller_flags
         .extend(STARTING_POINT_FLAGS.iter().map(|f| (*f).to_owned()));
-    start_local.send_worker_flags.extend(
-        STARTING_POINT_SEND_WORKER_FLAGS
-            .iter()
-            .map(|f| (*f).to_owned()),
-    );
+    for flags in [
+        &mut start_local.send_worker_flags,
+        &mut start_local.status_worker_flags,
+    ] {
+        flags.extend(STARTING_POINT_WORKER_FLAGS.iter().map(|f| (*f).to_owned()));
+    }
     let start_output = OutputArgs {
         name: format!("{}-starting-point", args.output.name),
         ..args.output.clone()
