@@ -58,6 +58,7 @@ HERALD_JOB_TYPE: {{ .type | quote }}
 HERALD_ADMIN_LISTEN: {{ printf "0.0.0.0:%v" $w.adminPort | quote }}
 HERALD_REDIS_MAX_CONNECTIONS: {{ $w.redisMaxConnections | int64 | quote }}
 HERALD_WORKER_CONCURRENCY: {{ $w.concurrency | int64 | quote }}
+HERALD_WORKER_MAX_BATCH: {{ $w.maxBatch | int64 | quote }}
 HERALD_MAX_ATTEMPTS: {{ $w.maxAttempts | int64 | quote }}
 HERALD_WORKER_RECLAIM_IDLE: {{ $w.reclaimIdle | quote }}
 {{ include "herald.config.pressure" .root }}
@@ -100,6 +101,10 @@ HERALD_SIM_LATENCY: {{ $s.latency | quote }}
 HERALD_SIM_JITTER: {{ $s.jitter | quote }}
 HERALD_SIM_ERROR_RATE: {{ $s.errorRate | quote }}
 HERALD_SIM_TIMEOUT_RATE: {{ $s.timeoutRate | quote }}
+HERALD_SIM_REJECT_RATE: {{ $s.rejectRate | quote }}
+{{- with $s.refuseStatus }}
+HERALD_SIM_REFUSE_STATUS: {{ . | int64 | quote }}
+{{- end }}
 HERALD_SIM_TIMEOUT_DELAY: {{ $s.timeoutDelay | quote }}
 HERALD_SIM_LOG: "/data/provider-sim-submits.jsonl"
 {{- if $s.callbacks }}

@@ -494,6 +494,7 @@ def test_every_flag_of_every_role_can_be_set_from_values():
                 "send": {"blockedRecipients": ["+15550199"]},
                 "status": {"statusAliases": ["ACKD=DELIVRD"]},
             },
+            "providerSim": {"enabled": True, "refuseStatus": 404},
         },
     )
     set_by_chart: dict[str, set[str]] = {}
