@@ -176,6 +176,7 @@ async fn scenario_run(
     let api_addr = serve(
         herald_api::router(herald_api::ApiState {
             pool: pool.clone(),
+            wakeups: herald_store::wakeups::Wakeups::spawn(pool.clone(), Duration::from_millis(5)),
             partitions,
             limits: herald_api::Limits::default(),
             api_keys: Arc::new(Vec::new()),

@@ -203,6 +203,13 @@ async fn commit(
 ) -> Result<Vec<Accepted>, Problem> {
     match accept_messages(&state.pool, messages).await {
         Ok(accepted) => {
+            state.wakeups.wake(
+                messages
+                    .iter()
+                    .zip(&accepted)
+                    .filter(|(_, a)| a.created)
+                    .map(|(m, _)| m.partition),
+            );
             let created = accepted.iter().filter(|a| a.created).count() as u64;
             metrics::counter!(ACCEPTED).increment(created);
             metrics::counter!(REPLAYED).increment(accepted.len() as u64 - created);

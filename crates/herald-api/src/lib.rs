@@ -45,6 +45,8 @@ pub struct ApiState {
     pub limits: Limits,
     /// When non-empty, every `/v1` route requires `Authorization: Bearer <one of these>`.
     pub api_keys: Arc<Vec<String>>,
+    /// Wakes the pollers of the partitions an accept wrote, after its commit.
+    pub wakeups: herald_store::wakeups::Wakeups,
 }
 
 /// The `/v1` routes. The binary merges the health and metrics routes next to them.

@@ -70,6 +70,7 @@ pub(crate) async fn accept_receipt(
     .await
     {
         Ok(id) => {
+            state.wakeups.wake([partition]);
             metrics::counter!(RECEIPTS).increment(1);
             (StatusCode::ACCEPTED, Json(json!({ "receipt_id": id }))).into_response()
         }

@@ -10,11 +10,13 @@ use uuid::Uuid;
 use crate::metrics::{measured, Operation};
 use crate::StoreError;
 
-/// The channel the accept transaction notifies with the partition number, so an idle poller
-/// wakes at once instead of at its next poll.
+/// The channel pollers listen on for the partition numbers with new rows, so an idle poller
+/// wakes at once instead of at its next poll. The accept path does not notify inside its
+/// transaction (see [`crate::wakeups`]); operator actions, which are rare, do.
 pub const OUTBOX_CHANNEL: &str = "herald_outbox";
 
-/// Wakes the pollers of `partitions` when the surrounding transaction commits.
+/// Wakes the pollers of `partitions` when the surrounding transaction commits (operator
+/// actions only: a NOTIFY serialises commits).
 pub(crate) async fn notify_partitions(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     partitions: &[i32],
@@ -138,13 +140,6 @@ async fn accept_in_transaction(
         .bind(JobType::Send.as_str())
         .fetch_all(&mut *tx)
         .await?;
-
-    let mut partitions: Vec<i32> = inserted.iter().map(|(_, p)| *p).collect();
-    partitions.sort_unstable();
-    partitions.dedup();
-    if !partitions.is_empty() {
-        notify_partitions(&mut tx, &partitions).await?;
-    }
 
     let mut answers = Vec::with_capacity(messages.len());
     let created: std::collections::HashSet<Uuid> = inserted.iter().map(|(id, _)| *id).collect();

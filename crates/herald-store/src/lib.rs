@@ -14,6 +14,7 @@ pub mod migrate;
 pub mod outbox;
 pub mod receipts;
 pub mod verify;
+pub mod wakeups;
 
 use std::time::Duration;
 

@@ -13,7 +13,8 @@ use crate::StoreError;
 
 /// Stores a provider's receipt byte for byte together with its `status` outbox row, in one
 /// transaction. Nothing is interpreted here: a receipt that cannot be applied is parked later
-/// by the status worker. Returns the receipt id.
+/// by the status worker. Returns the receipt id. The caller wakes the partition's poller
+/// after the commit ([`crate::wakeups::Wakeups`]).
 pub async fn accept_receipt(
     pool: &PgPool,
     gateway: &str,
@@ -40,7 +41,6 @@ pub async fn accept_receipt(
         .bind(JobType::Status.as_str())
         .fetch_one(&mut *tx)
         .await?;
-        crate::accept::notify_partitions(&mut tx, &[partition as i32]).await?;
         tx.commit().await?;
         Ok(id)
     })

@@ -38,6 +38,10 @@ impl TestApi {
             partitions: PartitionCount::new(8).unwrap(),
             limits,
             api_keys: Arc::new(api_keys.iter().map(|k| k.to_string()).collect()),
+            wakeups: herald_store::wakeups::Wakeups::spawn(
+                pool.clone(),
+                std::time::Duration::from_millis(5),
+            ),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

@@ -17,6 +17,9 @@ pub async fn main(args: ApiArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Partitions written within this long of each other share one NOTIFY statement.
+const WAKEUP_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
+
 pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     if args.max_batch == 0 || args.max_body_bytes == 0 {
         return Err(
@@ -28,6 +31,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     let partitions = herald_store::migrate::partition_count(&pool).await?;
     let state = ApiState {
         pool: pool.clone(),
+        wakeups: herald_store::wakeups::Wakeups::spawn(pool.clone(), WAKEUP_WINDOW),
         partitions,
         limits: Limits {
             max_body_bytes: args.max_body_bytes,
