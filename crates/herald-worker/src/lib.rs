@@ -86,6 +86,29 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// Jobs of a batch, each with the entry id it came in.
+pub type BatchJobs = Vec<(String, herald_core::job::Job)>;
+/// Entry ids with what their handler decided.
+pub type BatchAnswers = Vec<(String, Handled)>;
+
+/// Splits entries read together into the jobs `decode` takes and the answers (Done) for the
+/// entries it dropped (wrong type, undecodable: counted and logged by `decode`).
+pub fn decode_batch(
+    deliveries: Vec<Delivery>,
+    decode: impl Fn(Delivery) -> Option<herald_core::job::Job>,
+) -> (BatchJobs, BatchAnswers) {
+    let mut jobs = Vec::with_capacity(deliveries.len());
+    let mut dropped = Vec::new();
+    for delivery in deliveries {
+        let entry_id = delivery.entry_id.clone();
+        match decode(delivery) {
+            Some(job) => jobs.push((entry_id, job)),
+            None => dropped.push((entry_id, Handled::Done)),
+        }
+    }
+    (jobs, dropped)
+}
+
 /// Runs the server over every shard of its job type until `cancel`; in-flight jobs finish
 /// before it returns. One reader per shard; all share the server's one semaphore.
 pub async fn run<H: Handler>(

@@ -126,15 +126,7 @@ impl Handler for SendHandler {
         deliveries: Vec<Delivery>,
         cancel: CancellationToken,
     ) -> Vec<(String, Handled)> {
-        let mut answers = Vec::with_capacity(deliveries.len());
-        let mut jobs = Vec::with_capacity(deliveries.len());
-        for delivery in deliveries {
-            let entry_id = delivery.entry_id.clone();
-            match send_job(delivery) {
-                Some(job) => jobs.push((entry_id, job)),
-                None => answers.push((entry_id, Handled::Done)),
-            }
-        }
+        let (jobs, mut answers) = crate::decode_batch(deliveries, send_job);
         let jobs = match self.refuse_blocked(jobs).await {
             Ok(jobs) => jobs,
             Err((err, jobs)) => {

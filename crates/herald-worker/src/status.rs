@@ -128,15 +128,7 @@ impl Handler for StatusHandler {
         deliveries: Vec<Delivery>,
         _cancel: CancellationToken,
     ) -> Vec<(String, Handled)> {
-        let mut answers = Vec::with_capacity(deliveries.len());
-        let mut jobs = Vec::with_capacity(deliveries.len());
-        for delivery in deliveries {
-            let entry_id = delivery.entry_id.clone();
-            match status_job(delivery) {
-                Some(job) => jobs.push((entry_id, job)),
-                None => answers.push((entry_id, Handled::Done)),
-            }
-        }
+        let (jobs, mut answers) = crate::decode_batch(deliveries, status_job);
         let just_jobs: Vec<&Job> = jobs.iter().map(|(_, job)| job).collect();
         match self.apply_batch(&just_jobs).await {
             Ok(ends) => {
