@@ -77,7 +77,9 @@ impl ReceiptRates {
     }
 }
 
-/// Posts receipts in the background, retrying while Herald is unreachable.
+/// Posts receipts in the background, retrying while Herald is unreachable or busy, like a
+/// gateway's callback workers: a bounded number of posts at once, each retried for up to
+/// [`GIVE_UP_AFTER`].
 #[derive(Clone)]
 pub struct Sender {
     client: reqwest::Client,
@@ -85,7 +87,13 @@ pub struct Sender {
     token: Option<String>,
     rates: Arc<ReceiptRates>,
     record: Arc<tokio::sync::Mutex<Record>>,
+    posts: Arc<tokio::sync::Semaphore>,
 }
+
+/// Receipt posts in flight at once.
+const CONCURRENT_POSTS: usize = 64;
+/// How long a receipt is retried before the simulator gives up on it (and counts it).
+const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 
 impl Sender {
     pub fn new(
@@ -102,6 +110,7 @@ impl Sender {
             token,
             rates: Arc::new(rates),
             record,
+            posts: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_POSTS)),
         })
     }
 
@@ -164,12 +173,19 @@ impl Sender {
     async fn post(&self, gateway: &str, body: Value) {
         let url = format!("{}/v1/providers/{gateway}/receipts", self.base);
         let mut delay = Duration::from_millis(100);
-        for _ in 0..40 {
-            let mut request = self.client.post(&url).json(&body);
-            if let Some(token) = &self.token {
-                request = request.bearer_auth(token);
-            }
-            match request.send().await {
+        let give_up = tokio::time::Instant::now() + GIVE_UP_AFTER;
+        while tokio::time::Instant::now() < give_up {
+            let answer = {
+                let Ok(_slot) = self.posts.acquire().await else {
+                    break;
+                };
+                let mut request = self.client.post(&url).json(&body);
+                if let Some(token) = &self.token {
+                    request = request.bearer_auth(token);
+                }
+                request.send().await
+            };
+            match answer {
                 Ok(response) if response.status().is_success() => {
                     self.record.lock().await.count_receipt(true);
                     return;

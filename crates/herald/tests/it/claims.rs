@@ -57,7 +57,10 @@ async fn assert_one_ledger_row_each(herald: &Deployment, ids: &[String]) {
 
 async fn verify_ok(herald: &Deployment) {
     let (code, report) = herald.verify().await;
-    assert_eq!(code, 0, "{report}");
+    if code != 0 {
+        let stats = herald.get_json_from(&herald.sim_url, "/v1/stats").await;
+        panic!("verify exited {code}\n{report}\nsimulator: {stats}");
+    }
 }
 
 fn states(history: &[(String, Value)]) -> Vec<&str> {
