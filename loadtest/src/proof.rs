@@ -94,10 +94,14 @@ pub async fn prove(
     expected: Expectations,
     replay_mismatches: u64,
 ) -> anyhow::Result<(Proof, HashMap<Uuid, Facts>)> {
+    // The database first, then the provider: see `herald_store::verify::gather`.
+    let gathered = herald_store::verify::gather(pool, Some(ids)).await?;
     let provider = provider_views(sim_url).await?;
-    let (verdict, facts) =
-        herald_store::verify::prove(pool, Some(ids), &provider, expected).await?;
-    Ok((Proof::new(verdict, &provider, replay_mismatches), facts))
+    let verdict = herald_store::verify::conclude(pool, &gathered, &provider, expected).await?;
+    Ok((
+        Proof::new(verdict, &provider, replay_mismatches),
+        gathered.facts,
+    ))
 }
 
 /// The provider simulator's record per effect key (`GET /v1/effects`, the same record

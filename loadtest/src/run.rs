@@ -327,9 +327,11 @@ pub async fn run(
     )
     .await?;
     let database = {
+        let gathered = herald_store::verify::gather(&pool, None).await?;
         let provider = proof::provider_views(&target.sim_url).await?;
-        let (whole, _) =
-            herald_store::verify::prove(&pool, None, &provider, load_args.expect.clone()).await?;
+        let whole =
+            herald_store::verify::conclude(&pool, &gathered, &provider, load_args.expect.clone())
+                .await?;
         serde_json::to_value(whole)?
     };
     let first_submits = match &target.sim_log {

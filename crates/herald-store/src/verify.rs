@@ -1,6 +1,6 @@
 //! The database side of the proof: what PostgreSQL knows of each accepted message, and the
 //! findings no single message shows (parked input, unfinished receipts, outbox rows that went
-//! missing). [`prove`] joins them with the provider's record into a
+//! missing). [`gather`] and [`conclude`] join them with the provider's record into a
 //! [`herald_core::verdict::Verdict`]; the verdict itself is decided in herald-core.
 
 use std::collections::{HashMap, HashSet};
@@ -185,14 +185,19 @@ pub fn tally(
     verdict
 }
 
-/// The proof over `ids` (every message in the database when `None`), against the provider's
-/// record per effect key. Returns the verdict and the facts of each id (for latencies).
-pub async fn prove(
-    pool: &PgPool,
-    ids: Option<&[Uuid]>,
-    provider: &HashMap<String, ProviderView>,
-    expected: Expectations,
-) -> Result<(Verdict, HashMap<Uuid, MessageFacts>), StoreError> {
+/// What [`gather`] read of the messages a proof covers.
+#[derive(Debug, Clone, Default)]
+pub struct Gathered {
+    /// Every id once.
+    pub ids: Vec<Uuid>,
+    pub facts: HashMap<Uuid, MessageFacts>,
+}
+
+/// Reads the facts of `ids` (every message in the database when `None`). A proof reads the
+/// database *before* the provider's record: that record only grows, and every ledger row was
+/// written after its submit, so no effect read here can be missing from a later snapshot of
+/// the provider (read the other way round, a row written in between looks unsubmitted).
+pub async fn gather(pool: &PgPool, ids: Option<&[Uuid]>) -> Result<Gathered, StoreError> {
     let ids: Vec<Uuid> = match ids {
         Some(ids) => {
             let mut seen = HashSet::with_capacity(ids.len());
@@ -201,7 +206,18 @@ pub async fn prove(
         None => all_message_ids(pool).await?,
     };
     let facts = message_facts(pool, &ids).await?;
-    let mut verdict = tally(&ids, &facts, provider, expected);
+    Ok(Gathered { ids, facts })
+}
+
+/// The verdict over what [`gather`] read and the provider's record per effect key (read
+/// after it), with the findings over the whole database.
+pub async fn conclude(
+    pool: &PgPool,
+    gathered: &Gathered,
+    provider: &HashMap<String, ProviderView>,
+    expected: Expectations,
+) -> Result<Verdict, StoreError> {
+    let mut verdict = tally(&gathered.ids, &gathered.facts, provider, expected);
     // The other direction: every effect the provider took belongs to a message.
     let mut named = Vec::with_capacity(provider.len());
     let mut unnamed = 0u64;
@@ -218,5 +234,5 @@ pub async fn prove(
     verdict.set_finding(Finding::Parked, findings.parked);
     verdict.set_finding(Finding::ReceiptsUnfinished, findings.receipts_unfinished);
     verdict.set_finding(Finding::OutboxRowsMissing, findings.outbox_rows_missing);
-    Ok((verdict, facts))
+    Ok(verdict)
 }

@@ -40,8 +40,9 @@ pub async fn verify(
     provider_sim: &str,
     expected: Expectations,
 ) -> anyhow::Result<Verdict> {
+    // The database first, then the provider: see `herald_store::verify::gather`.
+    let gathered = herald_store::verify::gather(pool, None).await?;
     let provider =
         herald_provider_sim::fetch_provider_views(provider_sim, Duration::from_secs(60)).await?;
-    let (verdict, _) = herald_store::verify::prove(pool, None, &provider, expected).await?;
-    Ok(verdict)
+    Ok(herald_store::verify::conclude(pool, &gathered, &provider, expected).await?)
 }
