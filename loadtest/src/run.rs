@@ -485,6 +485,13 @@ async fn target(
             .iter()
             .map(|f| format!("send-worker:{f}")),
     );
+    shape.extend(
+        local
+            .status_worker_flags
+            .iter()
+            .map(|f| format!("status-worker:{f}")),
+    );
+    shape.extend(local.api_flags.iter().map(|f| format!("api:{f}")));
     shape.extend(local.sim_flags.iter().map(|f| format!("sim:{f}")));
     Ok(Target {
         api_url: deployment.api_url.clone(),
