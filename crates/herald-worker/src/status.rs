@@ -130,7 +130,18 @@ impl Handler for StatusHandler {
     ) -> Vec<(String, Handled)> {
         let (jobs, mut answers) = crate::decode_batch(deliveries, status_job);
         let just_jobs: Vec<&Job> = jobs.iter().map(|(_, job)| job).collect();
-        match self.apply_batch(&just_jobs).await {
+        // A batch shares its statements with other writers (the send worker's group commit
+        // touches the same messages), so a deadlock or a dropped connection fails the whole
+        // batch: try it again at once, a few times, before leaving it to be reclaimed. Jobs
+        // already finished by an earlier try come back as stale copies.
+        let mut result = self.apply_batch(&just_jobs).await;
+        for _ in 0..3 {
+            let Err(err) = &result else { break };
+            tracing::warn!(error = %err, receipts = jobs.len(), "applying a batch of receipts failed; trying again");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            result = self.apply_batch(&just_jobs).await;
+        }
+        match result {
             Ok(ends) => {
                 for ((entry_id, job), applied) in jobs.iter().zip(ends) {
                     answers.push((entry_id.clone(), counted(job, applied)));

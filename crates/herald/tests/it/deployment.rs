@@ -417,7 +417,7 @@ impl Deployment {
 
     /// Runs `herald verify --expect {expect}`, again while messages are still on their way
     /// (receipts follow the ledger write), until nothing is unsettled, or nothing settled for
-    /// a minute; returns the last exit code and output.
+    /// two minutes; returns the last exit code and output.
     pub async fn verify_expecting(&self, expect: &str) -> (i32, String) {
         let mut last_progress = Instant::now();
         let mut moving_before = u64::MAX;
@@ -443,7 +443,9 @@ impl Deployment {
                 moving_before = moving;
                 last_progress = Instant::now();
             }
-            if code == 0 || moving == 0 || last_progress.elapsed() > Duration::from_secs(60) {
+            // Two minutes: longer than a worker's reclaim of entries a failed batch left
+            // pending (--reclaim-idle 60 s plus its 15 s pass), Herald's own recovery.
+            if code == 0 || moving == 0 || last_progress.elapsed() > Duration::from_secs(120) {
                 return (code, text);
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
