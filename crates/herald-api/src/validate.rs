@@ -53,6 +53,12 @@ pub fn message(
         }
         Some(body) => body.clone(),
     };
+    if let Some(field) = nul_in(&body, &format!("{path}body")) {
+        return Err(Problem::invalid_field(
+            &field,
+            format!("`{field}` contains a NUL character (\\u0000), which cannot be stored"),
+        ));
+    }
     let partition_key = optional_string(object, path, "partition_key", MAX_KEY_CHARS)?;
     let idempotency_key = match idempotency_key {
         Some(key) => Some(key),
@@ -111,6 +117,11 @@ fn optional_string(
                     &field,
                     format!("`{field}` must not be empty"),
                 ))
+            } else if text.contains('\0') {
+                Err(Problem::invalid_field(
+                    &field,
+                    format!("`{field}` contains a NUL character (\\u0000), which cannot be stored"),
+                ))
             } else if text.chars().count() > max_chars {
                 Err(Problem::invalid_field(
                     &field,
@@ -124,6 +135,27 @@ fn optional_string(
             &field,
             format!("`{field}` must be a string, got {}", kind(other)),
         )),
+    }
+}
+
+/// The path of the first string or object key under `value` that holds a NUL character:
+/// PostgreSQL's text and jsonb cannot store one, so such a request can never succeed.
+fn nul_in(value: &Value, path: &str) -> Option<String> {
+    match value {
+        Value::String(text) if text.contains('\0') => Some(path.to_owned()),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| nul_in(item, &format!("{path}[{i}]"))),
+        Value::Object(fields) => fields.iter().find_map(|(key, item)| {
+            let inner = format!("{path}.{key}");
+            if key.contains('\0') {
+                Some(inner)
+            } else {
+                nul_in(item, &inner)
+            }
+        }),
+        _ => None,
     }
 }
 
@@ -198,6 +230,50 @@ mod tests {
         assert!(check_key("ok-key_1").is_ok());
         assert!(check_key("has space").is_err());
         assert!(check_key("").is_err());
+    }
+
+    #[test]
+    fn refuses_text_postgres_cannot_store_naming_the_field() {
+        let err = message(
+            &json!({"recipient": "a\u{0}b", "body": 1}),
+            "",
+            None,
+            false,
+            p(),
+        )
+        .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("recipient"));
+        let body = json!({"recipient": "a", "body": {"text": "ok", "parts": ["x", "y\u{0}"]}});
+        let err = message(&body, "messages[1].", None, true, p()).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("messages[1].body.parts[1]"));
+        let err = message(
+            &json!({"recipient": "a", "body": {"k\u{0}": 1}}),
+            "",
+            None,
+            false,
+            p(),
+        )
+        .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("body.k\u{0}"));
+        let err = message(
+            &json!({"recipient": "a", "body": "\u{0}"}),
+            "",
+            None,
+            false,
+            p(),
+        )
+        .unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("body"));
+        assert_eq!(err.status, 422);
+        // Other control characters are stored as they came.
+        assert!(message(
+            &json!({"recipient": "a", "body": "\u{1}"}),
+            "",
+            None,
+            false,
+            p()
+        )
+        .is_ok());
     }
 
     #[test]

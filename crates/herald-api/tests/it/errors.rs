@@ -67,6 +67,29 @@ async fn every_bad_request_gets_a_problem_naming_the_field_and_writes_nothing() 
     .await;
     assert_problem(raw("[1, 2]").await.unwrap(), 422, Some("$")).await;
 
+    // Text PostgreSQL cannot hold is the client's problem, not an outage: a 422 naming it.
+    let nul = raw("{\"recipient\": \"a\\u0000b\", \"body\": 1}")
+        .await
+        .unwrap();
+    let problem = assert_problem(nul, 422, Some("recipient")).await;
+    assert!(problem["detail"].as_str().unwrap().contains("NUL"));
+    assert_problem(
+        raw("{\"recipient\": \"a\", \"body\": {\"text\": \"x\\u0000\"}}")
+            .await
+            .unwrap(),
+        422,
+        Some("body.text"),
+    )
+    .await;
+    let response = api
+        .post("/v1/messages/batch")
+        .header("content-type", "application/json")
+        .body("{\"messages\": [{\"recipient\": \"a\", \"body\": 1}, {\"recipient\": \"b\", \"body\": [\"\\u0000\"]}]}")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, 422, Some("messages[1].body[0]")).await;
+
     // Oversize: declared and streamed (no Content-Length).
     let big = json!({"recipient": "a", "body": "x".repeat(5000)});
     let response = api.post("/v1/messages").json(&big).send().await.unwrap();
