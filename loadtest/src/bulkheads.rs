@@ -174,13 +174,13 @@ async fn scenario_run(
     )
     .await?;
     let api_addr = serve(
-        herald_api::router(herald_api::ApiState {
-            pool: pool.clone(),
-            wakeups: herald_store::wakeups::Wakeups::spawn(pool.clone(), Duration::from_millis(5)),
+        herald_api::router(herald_api::ApiState::new(
+            pool.clone(),
             partitions,
-            limits: herald_api::Limits::default(),
-            api_keys: Arc::new(Vec::new()),
-        }),
+            herald_api::Limits::default(),
+            Vec::new(),
+            herald_api::DEFAULT_GROUP,
+        )),
         cancel.clone(),
     )
     .await?;

@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald_store::accept::{accept_messages, AcceptError, Accepted, NewMessage};
+use herald_store::accept::{accept_messages, AcceptError, Accepted, KeyReused, NewMessage};
 use herald_store::messages::message_with_history;
 use serde_json::Value;
 use uuid::Uuid;
@@ -42,11 +42,7 @@ async fn accept_one_inner(
     let key = idempotency_header(headers)?;
     let value = read_json(state, headers, body).await?;
     let message = validate::message(&value, "", key, false, state.partitions)?;
-    let accepted = commit(state, &[message], Form::Single).await?;
-    let first = accepted
-        .into_iter()
-        .next()
-        .ok_or_else(Problem::unavailable)?;
+    let first = commit_one(state, message).await?;
     let status = if first.created {
         StatusCode::ACCEPTED
     } else {
@@ -136,7 +132,7 @@ async fn accept_batch_inner(
         }
         messages.push(message);
     }
-    let accepted = commit(state, &messages, Form::Batch).await?;
+    let accepted = commit_batch(state, &messages).await?;
     let status = if accepted.iter().any(|a| a.created) {
         StatusCode::ACCEPTED
     } else {
@@ -175,13 +171,6 @@ pub(crate) async fn get_message(State(state): State<ApiState>, Path(id): Path<St
     }
 }
 
-/// Which request form is being committed: it decides how a key conflict names its field.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Form {
-    Single,
-    Batch,
-}
-
 /// Every partition's recorded owner, epoch, backlog and oldest pending age.
 pub(crate) async fn list_partitions(State(state): State<ApiState>) -> Response {
     match herald_store::outbox::partitions_overview(&state.pool, state.partitions.get()).await {
@@ -193,49 +182,72 @@ pub(crate) async fn list_partitions(State(state): State<ApiState>) -> Response {
     }
 }
 
-/// Commits `messages` in one transaction. Each accepted message gets a debug event carrying its
-/// id, the same `message_id` field the worker's span for its send carries.
-#[tracing::instrument(skip_all, fields(messages = messages.len()))]
-async fn commit(
-    state: &ApiState,
-    messages: &[NewMessage],
-    form: Form,
-) -> Result<Vec<Accepted>, Problem> {
-    match accept_messages(&state.pool, messages).await {
-        Ok(accepted) => {
-            state.wakeups.wake(
-                messages
-                    .iter()
-                    .zip(&accepted)
-                    .filter(|(_, a)| a.created)
-                    .map(|(m, _)| m.partition),
+/// Commits one message, sharing the transaction with concurrent single accepts (group
+/// commit); answers after the commit that holds it. A reused key fails this request alone.
+async fn commit_one(state: &ApiState, message: NewMessage) -> Result<Accepted, Problem> {
+    let partition = message.partition;
+    match state.messages.write(message).await {
+        Ok(Ok(accepted)) => {
+            committed(
+                state,
+                std::iter::once(partition),
+                std::slice::from_ref(&accepted),
             );
-            let created = accepted.iter().filter(|a| a.created).count() as u64;
-            metrics::counter!(ACCEPTED).increment(created);
-            metrics::counter!(REPLAYED).increment(accepted.len() as u64 - created);
-            for message in &accepted {
-                tracing::debug!(message_id = %message.id, created = message.created, "accepted");
-            }
             Ok(accepted)
         }
-        Err(AcceptError::KeyConflict { index, key }) => {
-            let field = match form {
-                Form::Single => "Idempotency-Key".to_owned(),
-                Form::Batch => format!("messages[{index}].idempotency_key"),
-            };
-            Err(Problem::new(
-                StatusCode::CONFLICT,
-                "idempotency-key-conflict",
-                "The Idempotency-Key was used for a different request",
-                format!("key {key:?} was already used with a different recipient, body or partition key; nothing was written"),
-            )
-            .with_field(field))
+        Ok(Err(KeyReused { key })) => Err(key_conflict(&key, "Idempotency-Key".to_owned())),
+        Err(err) => {
+            tracing::error!(error = %err, "accept transaction failed");
+            Err(Problem::unavailable())
         }
+    }
+}
+
+/// Commits a batch request's `messages` in one transaction of their own: all or nothing.
+#[tracing::instrument(skip_all, fields(messages = messages.len()))]
+async fn commit_batch(state: &ApiState, messages: &[NewMessage]) -> Result<Vec<Accepted>, Problem> {
+    match accept_messages(&state.pool, messages).await {
+        Ok(accepted) => {
+            committed(state, messages.iter().map(|m| m.partition), &accepted);
+            Ok(accepted)
+        }
+        Err(AcceptError::KeyConflict { index, key }) => Err(key_conflict(
+            &key,
+            format!("messages[{index}].idempotency_key"),
+        )),
         Err(AcceptError::Store(err)) => {
             tracing::error!(error = %err, count = messages.len(), "accept transaction failed");
             Err(Problem::unavailable())
         }
     }
+}
+
+/// After a commit: wakes the partitions of new messages and counts. Each accepted message gets
+/// a debug event carrying its id, the same `message_id` field the worker's span for its send
+/// carries.
+fn committed(state: &ApiState, partitions: impl Iterator<Item = u32>, accepted: &[Accepted]) {
+    state.wakeups.wake(
+        partitions
+            .zip(accepted)
+            .filter(|(_, a)| a.created)
+            .map(|(p, _)| p),
+    );
+    let created = accepted.iter().filter(|a| a.created).count() as u64;
+    metrics::counter!(ACCEPTED).increment(created);
+    metrics::counter!(REPLAYED).increment(accepted.len() as u64 - created);
+    for message in accepted {
+        tracing::debug!(message_id = %message.id, created = message.created, "accepted");
+    }
+}
+
+fn key_conflict(key: &str, field: String) -> Problem {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "idempotency-key-conflict",
+        "The Idempotency-Key was used for a different request",
+        format!("key {key:?} was already used with a different recipient, body or partition key; nothing was written"),
+    )
+    .with_field(field)
 }
 
 fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>, Problem> {

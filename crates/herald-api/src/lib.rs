@@ -17,6 +17,10 @@ use std::sync::Arc;
 use axum::routing::{get, post};
 use axum::Router;
 use herald_core::PartitionCount;
+use herald_store::accept::{accept_each, Accepted, KeyReused, NewMessage};
+use herald_store::group::{GroupCommit, GroupSettings};
+use herald_store::receipts::{accept_receipts, NewReceipt};
+use herald_store::wakeups::Wakeups;
 use sqlx::PgPool;
 
 /// Limits on what a client may send.
@@ -46,7 +50,53 @@ pub struct ApiState {
     /// When non-empty, every `/v1` route requires `Authorization: Bearer <one of these>`.
     pub api_keys: Arc<Vec<String>>,
     /// Wakes the pollers of the partitions an accept wrote, after its commit.
-    pub wakeups: herald_store::wakeups::Wakeups,
+    pub wakeups: Wakeups,
+    /// Single-message accepts, group-committed: concurrent requests share a transaction.
+    pub messages: GroupCommit<NewMessage, Result<Accepted, KeyReused>>,
+    /// Receipts, group-committed likewise.
+    pub receipts: GroupCommit<NewReceipt, i64>,
+}
+
+/// How concurrent accepts share transactions.
+pub const DEFAULT_GROUP: GroupSettings = GroupSettings {
+    max_group: 256,
+    parallel: 4,
+};
+
+/// Partitions written within this long of each other share one NOTIFY statement.
+pub const WAKEUP_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
+
+impl ApiState {
+    /// The state with its background writers (wake-ups, group commits) started on `pool`.
+    pub fn new(
+        pool: PgPool,
+        partitions: PartitionCount,
+        limits: Limits,
+        api_keys: Vec<String>,
+        group: GroupSettings,
+    ) -> Self {
+        let messages_pool = pool.clone();
+        let receipts_pool = pool.clone();
+        Self {
+            wakeups: Wakeups::spawn(pool.clone(), WAKEUP_WINDOW),
+            messages: GroupCommit::spawn("accept", group, move |messages: Arc<Vec<NewMessage>>| {
+                let pool = messages_pool.clone();
+                async move { accept_each(&pool, &messages).await }
+            }),
+            receipts: GroupCommit::spawn(
+                "receipts",
+                group,
+                move |receipts: Arc<Vec<NewReceipt>>| {
+                    let pool = receipts_pool.clone();
+                    async move { accept_receipts(&pool, &receipts).await }
+                },
+            ),
+            pool,
+            partitions,
+            limits,
+            api_keys: Arc::new(api_keys.into_iter().filter(|k| !k.is_empty()).collect()),
+        }
+    }
 }
 
 /// The `/v1` routes. The binary merges the health and metrics routes next to them.

@@ -33,6 +33,8 @@ pub const REJECTED_REASONS: [&str; 8] = [
 ];
 
 pub fn describe() {
+    herald_store::group::register_metrics("accept");
+    herald_store::group::register_metrics("receipts");
     metrics::describe_gauge!(
         BACKLOG_ROWS,
         "Outbox rows not yet DONE or DEAD (PENDING, PROCESSING, PUBLISHED), by partition."

@@ -7,7 +7,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use herald_core::{partition_of, PartitionCount};
-use herald_store::receipts::Replay;
+use herald_store::receipts::{NewReceipt, Replay};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -60,22 +60,22 @@ pub(crate) async fn accept_receipt(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     let partition = receipt_partition(&gateway, &raw, state.partitions);
-    match herald_store::receipts::accept_receipt(
-        &state.pool,
-        &gateway,
-        &raw,
-        content_type,
+    let receipt = NewReceipt {
+        gateway,
+        raw: raw.to_vec(),
+        content_type: content_type.map(str::to_owned),
         partition,
-    )
-    .await
-    {
+    };
+    // Concurrent receipts share one transaction (group commit); each is answered after the
+    // commit that holds it.
+    match state.receipts.write(receipt).await {
         Ok(id) => {
             state.wakeups.wake([partition]);
             metrics::counter!(RECEIPTS).increment(1);
             (StatusCode::ACCEPTED, Json(json!({ "receipt_id": id }))).into_response()
         }
         Err(err) => {
-            tracing::error!(error = %err, %gateway, "storing a receipt failed");
+            tracing::error!(error = %err, "storing a receipt failed");
             reject(Problem::unavailable())
         }
     }

@@ -102,14 +102,54 @@ pub async fn accept_messages(
     pool: &PgPool,
     messages: &[NewMessage],
 ) -> Result<Vec<Accepted>, AcceptError> {
-    measured(Operation::Accept, accept_in_transaction(pool, messages)).await
+    measured(Operation::Accept, async {
+        let mut tx = pool.begin().await?;
+        let written = write_messages(&mut tx, messages).await?;
+        let mut answers = Vec::with_capacity(written.len());
+        for (index, result) in written.into_iter().enumerate() {
+            match result {
+                Ok(accepted) => answers.push(accepted),
+                Err(KeyReused { key }) => {
+                    tx.rollback().await?;
+                    return Err(AcceptError::KeyConflict { index, key });
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(answers)
+    })
+    .await
 }
 
-async fn accept_in_transaction(
+/// A message whose idempotency key was used before for different content: nothing of it
+/// was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyReused {
+    pub key: String,
+}
+
+/// Writes independent messages (separate requests sharing one transaction, see
+/// [`crate::group`]) and answers each on its own: a reused key fails only its own message.
+pub async fn accept_each(
     pool: &PgPool,
     messages: &[NewMessage],
-) -> Result<Vec<Accepted>, AcceptError> {
-    let mut tx = pool.begin().await?;
+) -> Result<Vec<Result<Accepted, KeyReused>>, StoreError> {
+    measured(Operation::Accept, async {
+        let mut tx = pool.begin().await?;
+        let written = write_messages(&mut tx, messages).await?;
+        tx.commit().await?;
+        Ok(written)
+    })
+    .await
+}
+
+/// Inserts the messages with their outbox rows and first events in one statement; a message
+/// whose key exists is answered from the stored one (same content) or refused (other content).
+/// Two messages of one call with the same key behave as if sent one after the other.
+async fn write_messages(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    messages: &[NewMessage],
+) -> Result<Vec<Result<Accepted, KeyReused>>, sqlx::Error> {
     let inserted: Vec<(Uuid, i32)> = sqlx::query_as(INSERT_MESSAGES)
         .bind(messages.iter().map(|m| m.id).collect::<Vec<_>>())
         .bind(
@@ -138,48 +178,62 @@ async fn accept_in_transaction(
                 .collect::<Vec<_>>(),
         )
         .bind(JobType::Send.as_str())
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
-
-    let mut answers = Vec::with_capacity(messages.len());
     let created: std::collections::HashSet<Uuid> = inserted.iter().map(|(id, _)| *id).collect();
-    for (index, message) in messages.iter().enumerate() {
+    // Not inserted: the idempotency key exists. Same content is a retry, else a conflict.
+    let reused: Vec<&str> = messages
+        .iter()
+        .filter(|m| !created.contains(&m.id))
+        .filter_map(|m| m.idempotency_key.as_deref())
+        .collect();
+    let existing: Vec<(String, Uuid, Vec<u8>, String)> = if reused.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as(
+            "SELECT m.idempotency_key, m.id, m.request_fingerprint, s.state
+             FROM messages m JOIN message_current_state s ON s.message_id = m.id
+             WHERE m.idempotency_key = ANY($1)",
+        )
+        .bind(&reused)
+        .fetch_all(&mut **tx)
+        .await?
+    };
+    let existing: std::collections::HashMap<&str, (Uuid, &[u8], &str)> = existing
+        .iter()
+        .map(|(key, id, fp, state)| (key.as_str(), (*id, fp.as_slice(), state.as_str())))
+        .collect();
+    let mut answers = Vec::with_capacity(messages.len());
+    for message in messages {
         if created.contains(&message.id) {
-            answers.push(Accepted {
+            answers.push(Ok(Accepted {
                 id: message.id,
                 created: true,
                 state: MessageState::Queued,
-            });
+            }));
             continue;
         }
-        // Not inserted: its idempotency key exists. Same content is a retry; else a conflict.
         let key = message.idempotency_key.clone().ok_or_else(|| {
-            StoreError::Corrupt(format!("message {} was not inserted", message.id))
+            sqlx::Error::Protocol(format!("message {} was not inserted", message.id))
         })?;
-        let existing: (Uuid, Vec<u8>, String) = sqlx::query_as(
-            "SELECT m.id, m.request_fingerprint, s.state
-             FROM messages m JOIN message_current_state s ON s.message_id = m.id
-             WHERE m.idempotency_key = $1",
-        )
-        .bind(&key)
-        .fetch_one(&mut *tx)
-        .await?;
-        if existing.1 != message.fingerprint {
-            tx.rollback().await?;
-            return Err(AcceptError::KeyConflict { index, key });
+        let Some((id, fingerprint, state)) = existing.get(key.as_str()) else {
+            return Err(sqlx::Error::Protocol(format!(
+                "message {} was not inserted and key {key:?} is not stored",
+                message.id
+            )));
+        };
+        if *fingerprint != message.fingerprint.as_slice() {
+            answers.push(Err(KeyReused { key }));
+            continue;
         }
-        let state = existing
-            .2
+        let state = state
             .parse()
-            .map_err(|err: herald_core::state::UnknownState| {
-                StoreError::Corrupt(err.to_string())
-            })?;
-        answers.push(Accepted {
-            id: existing.0,
+            .map_err(|err: herald_core::state::UnknownState| sqlx::Error::Decode(Box::new(err)))?;
+        answers.push(Ok(Accepted {
+            id: *id,
             created: false,
             state,
-        });
+        }));
     }
-    tx.commit().await?;
     Ok(answers)
 }

@@ -7,6 +7,7 @@
 pub mod accept;
 pub mod backlog;
 pub mod effects;
+pub mod group;
 pub mod leases;
 pub mod messages;
 pub mod metrics;

@@ -11,10 +11,19 @@ use uuid::Uuid;
 use crate::metrics::{measured, Operation};
 use crate::StoreError;
 
+/// A provider's receipt as it came, with the partition its status job goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewReceipt {
+    pub gateway: String,
+    pub raw: Vec<u8>,
+    pub content_type: Option<String>,
+    pub partition: u32,
+}
+
 /// Stores a provider's receipt byte for byte together with its `status` outbox row, in one
 /// transaction. Nothing is interpreted here: a receipt that cannot be applied is parked later
 /// by the status worker. Returns the receipt id. The caller wakes the partition's poller
-/// after the commit ([`crate::wakeups::Wakeups`]).
+/// after the commit ([`crate::wakeups::Wakeups`]). [`accept_receipts`] for one.
 pub async fn accept_receipt(
     pool: &PgPool,
     gateway: &str,
@@ -22,27 +31,72 @@ pub async fn accept_receipt(
     content_type: Option<&str>,
     partition: u32,
 ) -> Result<i64, StoreError> {
+    let receipt = NewReceipt {
+        gateway: gateway.to_owned(),
+        raw: raw.to_vec(),
+        content_type: content_type.map(str::to_owned),
+        partition,
+    };
+    accept_receipts(pool, &[receipt])
+        .await?
+        .pop()
+        .ok_or_else(|| StoreError::Corrupt("storing a receipt returned no id".to_owned()))
+}
+
+/// Stores many receipts, each with its `status` outbox row, in one statement (one
+/// transaction); answers their ids in input order. Status jobs are queued in input order, so
+/// receipts of one message keep the order they came in.
+pub async fn accept_receipts(
+    pool: &PgPool,
+    receipts: &[NewReceipt],
+) -> Result<Vec<i64>, StoreError> {
+    if receipts.is_empty() {
+        return Ok(Vec::new());
+    }
     measured(Operation::Accept, async {
-        let mut tx = pool.begin().await?;
-        let id: i64 = sqlx::query_scalar(
-            "WITH receipt AS (
-                 INSERT INTO receipts (gateway, raw, content_type) VALUES ($1, $2, $3)
-                 RETURNING id
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "WITH input AS MATERIALIZED (
+                 SELECT nextval(pg_get_serial_sequence('receipts', 'id')) AS id,
+                        gateway, raw, content_type, partition, ord
+                 FROM UNNEST($1::text[], $2::bytea[], $3::text[], $4::int[]) WITH ORDINALITY
+                     AS t(gateway, raw, content_type, partition, ord)
+             ), receipt AS (
+                 INSERT INTO receipts (id, gateway, raw, content_type) OVERRIDING SYSTEM VALUE
+                 SELECT id, gateway, raw, content_type FROM input
              ), queued AS (
                  INSERT INTO outbox (partition, job_type, payload)
-                 SELECT $4, $5, jsonb_build_object('receipt_id', id) FROM receipt
+                 SELECT partition, $5, jsonb_build_object('receipt_id', id) FROM input ORDER BY ord
              )
-             SELECT id FROM receipt",
+             SELECT id FROM input ORDER BY ord",
         )
-        .bind(gateway)
-        .bind(raw)
-        .bind(content_type)
-        .bind(partition as i32)
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.gateway.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.raw.as_slice())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.content_type.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            receipts
+                .iter()
+                .map(|r| r.partition as i32)
+                .collect::<Vec<_>>(),
+        )
         .bind(JobType::Status.as_str())
-        .fetch_one(&mut *tx)
+        .fetch_all(pool)
         .await?;
-        tx.commit().await?;
-        Ok(id)
+        Ok(ids)
     })
     .await
 }

@@ -19,8 +19,6 @@ pub const UNKNOWN: &str = "herald_unknown_total";
 /// Ownership confirmations (outbox DONE + message CLAIMED in one transaction), by job type.
 pub const CONFIRMED: &str = "herald_ownership_confirmed_total";
 pub const IN_FLIGHT: &str = "herald_worker_jobs_in_flight";
-/// Group-commit statements the send worker wrote (accepted sends / groups = mean group).
-pub const COMMIT_GROUPS: &str = "herald_worker_commit_groups_total";
 pub const CONCURRENCY_LIMIT: &str = "herald_worker_concurrency_limit";
 
 /// The `outcome` values of [`JOBS`] for sends and for receipts.
@@ -78,10 +76,6 @@ pub fn describe() {
         "Messages with no final receipt in the window, marked UNKNOWN."
     );
     metrics::describe_gauge!(IN_FLIGHT, "Jobs being handled now, by job type.");
-    metrics::describe_counter!(
-        COMMIT_GROUPS,
-        "Group-commit statements that wrote ACCEPTED sends with their ledger rows."
-    );
     metrics::describe_gauge!(
         CONCURRENCY_LIMIT,
         "The worker's concurrency limit, by job type."
@@ -111,5 +105,5 @@ fn register_at_zero() {
     }
     metrics::counter!(UNKNOWN).increment(0);
     let _ = metrics::histogram!(PROVIDER_CALL_DURATION);
-    metrics::counter!(COMMIT_GROUPS).increment(0);
+    herald_store::group::register_metrics("ledger");
 }

@@ -68,6 +68,46 @@ async fn idempotency_key_replays_the_same_id_and_refuses_other_content() {
     assert_eq!(api.rows().await, (1, 1, 1));
 }
 
+/// Concurrent single accepts share transactions (group commit), yet each request keeps its own
+/// answer: a reused key is a 409 for that request alone, a retry a 200 with the first id.
+#[tokio::test]
+async fn concurrent_single_accepts_share_commits_and_keep_their_own_answers() {
+    let api = TestApi::default().await;
+    let send = |key: String, n: u32| {
+        api.post("/v1/messages")
+            .header("Idempotency-Key", key)
+            .json(&json!({"recipient": "a@example.com", "body": {"n": n}}))
+            .send()
+    };
+    // 150 distinct keys; 25 of them sent twice with the same content, 25 with other content.
+    let mut requests = Vec::new();
+    for i in 0..150u32 {
+        requests.push(send(format!("k-{i}"), i));
+        if i < 25 {
+            requests.push(send(format!("k-{i}"), i));
+        } else if i < 50 {
+            requests.push(send(format!("k-{i}"), i + 1000));
+        }
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for response in futures::future::join_all(requests).await {
+        *statuses
+            .entry(response.unwrap().status().as_u16())
+            .or_insert(0) += 1;
+    }
+    // Each twice-sent pair: one 202 and, whichever came second, a 200 (same content) or a 409.
+    assert_eq!(statuses, [(200, 25), (202, 150), (409, 25)].into());
+    assert_eq!(api.rows().await, (150, 150, 150));
+    let transactions: i64 = sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM messages")
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert!(
+        transactions < 150,
+        "150 concurrent accepts were committed in {transactions} transactions: none shared one"
+    );
+}
+
 #[tokio::test]
 async fn batch_answers_ids_in_order_and_is_all_or_nothing() {
     let api = TestApi::default().await;

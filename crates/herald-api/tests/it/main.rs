@@ -5,8 +5,6 @@ mod accept;
 mod auth;
 mod errors;
 
-use std::sync::Arc;
-
 use herald_api::{ApiState, Limits};
 use herald_core::PartitionCount;
 use herald_testkit::LocalPostgres;
@@ -33,16 +31,13 @@ impl TestApi {
         herald_store::migrate::migrate(&pool, PartitionCount::new(8).unwrap())
             .await
             .expect("migrate");
-        let state = ApiState {
-            pool: pool.clone(),
-            partitions: PartitionCount::new(8).unwrap(),
+        let state = ApiState::new(
+            pool.clone(),
+            PartitionCount::new(8).unwrap(),
             limits,
-            api_keys: Arc::new(api_keys.iter().map(|k| k.to_string()).collect()),
-            wakeups: herald_store::wakeups::Wakeups::spawn(
-                pool.clone(),
-                std::time::Duration::from_millis(5),
-            ),
-        };
+            api_keys.iter().map(|k| k.to_string()).collect(),
+            herald_api::DEFAULT_GROUP,
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move {

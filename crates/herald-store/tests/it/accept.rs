@@ -1,6 +1,9 @@
 use herald_core::MessageState;
-use herald_store::accept::{accept_messages, AcceptError};
+use herald_store::accept::{accept_each, accept_messages, AcceptError, KeyReused, NewMessage};
+use herald_store::group::{GroupCommit, GroupSettings};
 use herald_store::messages::message_with_history;
+use herald_store::receipts::{accept_receipts, NewReceipt};
+use herald_store::StoreError;
 
 use crate::{count, message, migrated};
 
@@ -64,4 +67,97 @@ async fn a_reused_key_replays_or_conflicts_and_a_conflict_writes_nothing() {
     assert_eq!(count(&pool, "SELECT count(*) FROM messages").await, 1);
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 1);
     assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 1);
+}
+
+/// Group commit: separate requests share a transaction but are answered one by one. A reused
+/// key fails only its own request, two requests with one key behave as if sent in turn, and a
+/// request the database refuses (a NUL in jsonb) fails alone: its neighbours are committed.
+#[tokio::test]
+async fn a_shared_transaction_answers_each_request_on_its_own() {
+    let (_pg, pool) = migrated(8).await;
+    accept_messages(&pool, &[message(1, Some("taken"), "first")])
+        .await
+        .unwrap();
+    let writer_pool = pool.clone();
+    let group = GroupCommit::spawn(
+        "test",
+        GroupSettings {
+            max_group: 64,
+            parallel: 1,
+        },
+        move |messages: std::sync::Arc<Vec<NewMessage>>| {
+            let pool = writer_pool.clone();
+            async move { accept_each(&pool, &messages).await }
+        },
+    );
+    let mut refused = message(3, None, "x");
+    refused.body = serde_json::json!({ "text": "nul \u{0} here" });
+    let requests = [
+        message(2, None, "plain"),
+        message(1, Some("taken"), "other content"),
+        message(4, Some("twice"), "same"),
+        message(4, Some("twice"), "same"),
+        message(5, Some("clash"), "one"),
+        message(5, Some("clash"), "two"),
+        refused,
+        message(6, None, "after the refused one"),
+    ];
+    let answers = futures::future::join_all(requests.iter().map(|m| group.write(m.clone()))).await;
+    assert!(matches!(&answers[0], Ok(Ok(a)) if a.created));
+    assert!(matches!(&answers[1], Ok(Err(KeyReused { key })) if key == "taken"));
+    let (Ok(Ok(twice_a)), Ok(Ok(twice_b))) = (&answers[2], &answers[3]) else {
+        panic!("{answers:?}");
+    };
+    assert!(twice_a.created && !twice_b.created && twice_a.id == twice_b.id);
+    assert!(matches!(&answers[4], Ok(Ok(a)) if a.created));
+    assert!(matches!(&answers[5], Ok(Err(KeyReused { key })) if key == "clash"));
+    assert!(
+        matches!(&answers[6], Err(StoreError::Database(_))),
+        "{:?}",
+        answers[6]
+    );
+    assert!(matches!(&answers[7], Ok(Ok(a)) if a.created));
+    // 1 before + plain + twice + clash + the one after the refused request.
+    assert_eq!(count(&pool, "SELECT count(*) FROM messages").await, 5);
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 5);
+    assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 5);
+}
+
+/// Receipts written together get their ids and status jobs in input order.
+#[tokio::test]
+async fn receipts_written_together_keep_their_order() {
+    let (_pg, pool) = migrated(8).await;
+    let receipts: Vec<NewReceipt> = (0..20)
+        .map(|i| NewReceipt {
+            gateway: "gw".to_owned(),
+            raw: format!("receipt {i}").into_bytes(),
+            content_type: (i % 2 == 0).then(|| "text/plain".to_owned()),
+            partition: i % 3,
+        })
+        .collect();
+    let ids = accept_receipts(&pool, &receipts).await.unwrap();
+    assert_eq!(ids.len(), 20);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    for (id, receipt) in ids.iter().zip(&receipts) {
+        let (raw, content_type): (Vec<u8>, Option<String>) =
+            sqlx::query_as("SELECT raw, content_type FROM receipts WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(raw, receipt.raw);
+        assert_eq!(content_type, receipt.content_type);
+    }
+    let jobs: Vec<(i64, i32)> = sqlx::query_as(
+        "SELECT (payload->>'receipt_id')::bigint, partition FROM outbox ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let expected: Vec<(i64, i32)> = ids
+        .iter()
+        .zip(&receipts)
+        .map(|(id, r)| (*id, r.partition as i32))
+        .collect();
+    assert_eq!(jobs, expected);
 }

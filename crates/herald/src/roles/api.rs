@@ -1,7 +1,5 @@
 //! `herald api`.
 
-use std::sync::Arc;
-
 use herald_api::{ApiState, Limits};
 use tokio_util::sync::CancellationToken;
 
@@ -17,9 +15,6 @@ pub async fn main(args: ApiArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Partitions written within this long of each other share one NOTIFY statement.
-const WAKEUP_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
-
 pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     if args.max_batch == 0 || args.max_body_bytes == 0 {
         return Err(
@@ -29,21 +24,16 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
-    let state = ApiState {
-        pool: pool.clone(),
-        wakeups: herald_store::wakeups::Wakeups::spawn(pool.clone(), WAKEUP_WINDOW),
+    let state = ApiState::new(
+        pool.clone(),
         partitions,
-        limits: Limits {
+        Limits {
             max_body_bytes: args.max_body_bytes,
             max_batch: args.max_batch,
         },
-        api_keys: Arc::new(
-            args.api_keys
-                .into_iter()
-                .filter(|k| !k.is_empty())
-                .collect(),
-        ),
-    };
+        args.api_keys,
+        herald_api::DEFAULT_GROUP,
+    );
     if state.api_keys.is_empty() {
         tracing::warn!("no API keys configured: /v1 is open to anyone who can reach it");
     }

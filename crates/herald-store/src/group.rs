@@ -1,0 +1,256 @@
+//! Group commit: many callers' small writes share one transaction.
+//!
+//! Each caller hands its request to a [`GroupCommit`] and waits. A dispatcher takes everything
+//! that is waiting (up to `max_group`) as one group and runs the writer on it; at most
+//! `parallel` groups are written at once, so while they run the next group gathers. There is
+//! no timer: an idle system commits a lone request at once, a busy one commits in large groups.
+//! Every caller is answered only after the commit that holds its request (or with the error
+//! that prevented it).
+//!
+//! One bad request must not fail its neighbours: when a group's write fails with an error the
+//! database raised about the data (not a lost connection), each request of the group is written
+//! again on its own, so only the one the database refuses gets the error.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::StoreError;
+
+/// Counter of groups written, by writer.
+pub const GROUPS: &str = "herald_store_commit_groups_total";
+/// Counter of requests written through a group, by writer.
+pub const GROUPED: &str = "herald_store_commit_grouped_total";
+/// Counter of groups split into single writes after the database refused the group.
+pub const SPLITS: &str = "herald_store_commit_group_splits_total";
+
+/// Describes the group-commit metrics and registers `writer`'s at zero.
+pub fn register_metrics(writer: &'static str) {
+    metrics::describe_counter!(GROUPS, "Group-commit transactions written, by writer.");
+    metrics::describe_counter!(
+        GROUPED,
+        "Requests written through group commit, by writer (divided by the groups: the mean group)."
+    );
+    metrics::describe_counter!(
+        SPLITS,
+        "Groups the database refused, written again one request at a time, by writer."
+    );
+    for name in [GROUPS, GROUPED, SPLITS] {
+        metrics::counter!(name, "writer" => writer).increment(0);
+    }
+}
+
+type Waiting<R, A> = (R, oneshot::Sender<Result<A, StoreError>>);
+
+/// How a group committer behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupSettings {
+    /// Most requests in one transaction.
+    pub max_group: usize,
+    /// Most group transactions running at once.
+    pub parallel: usize,
+}
+
+/// The handle callers write through; cloning is cheap. The dispatcher ends when every handle
+/// is dropped, after answering what it took.
+pub struct GroupCommit<R, A> {
+    tx: mpsc::Sender<Waiting<R, A>>,
+}
+
+impl<R, A> Clone for GroupCommit<R, A> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<R, A> GroupCommit<R, A>
+where
+    R: Clone + Send + Sync + 'static,
+    A: Send + 'static,
+{
+    /// Starts the dispatcher. `write` commits a group in one transaction and answers one `A`
+    /// per request, in order; `name` labels the metrics.
+    pub fn spawn<F, Fut>(name: &'static str, settings: GroupSettings, write: F) -> Self
+    where
+        F: Fn(Arc<Vec<R>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<A>, StoreError>> + Send + 'static,
+    {
+        let max_group = settings.max_group.max(1);
+        let (tx, rx) = mpsc::channel(max_group * settings.parallel.max(1) * 2);
+        tokio::spawn(dispatch(
+            name,
+            rx,
+            max_group,
+            settings.parallel.max(1),
+            write,
+        ));
+        Self { tx }
+    }
+
+    /// Writes one request with whatever else is waiting; answers after its commit.
+    pub async fn write(&self, request: R) -> Result<A, StoreError> {
+        let stopped = || StoreError::GroupWrite("the group writer stopped".to_owned());
+        let (answer, answered) = oneshot::channel();
+        self.tx
+            .send((request, answer))
+            .await
+            .map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
+    }
+}
+
+async fn dispatch<R, A, F, Fut>(
+    name: &'static str,
+    mut rx: mpsc::Receiver<Waiting<R, A>>,
+    max_group: usize,
+    parallel: usize,
+    write: F,
+) where
+    R: Clone + Send + Sync + 'static,
+    A: Send + 'static,
+    F: Fn(Arc<Vec<R>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Vec<A>, StoreError>> + Send + 'static,
+{
+    let write = Arc::new(write);
+    let slots = Arc::new(Semaphore::new(parallel));
+    loop {
+        // Wait for a free slot first: while every slot is busy, requests gather in the channel
+        // and the next group takes them all.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut group = vec![first];
+        while group.len() < max_group {
+            match rx.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        let write = write.clone();
+        tokio::spawn(async move {
+            write_group(name, &*write, group).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn write_group<R, A, F, Fut>(name: &'static str, write: &F, group: Vec<Waiting<R, A>>)
+where
+    R: Clone + Send + Sync + 'static,
+    F: Fn(Arc<Vec<R>>) -> Fut,
+    Fut: Future<Output = Result<Vec<A>, StoreError>>,
+{
+    metrics::counter!(GROUPS, "writer" => name).increment(1);
+    metrics::counter!(GROUPED, "writer" => name).increment(group.len() as u64);
+    let (requests, answers): (Vec<R>, Vec<_>) = group.into_iter().unzip();
+    let requests = Arc::new(requests);
+    match write(requests.clone()).await {
+        Ok(results) if results.len() == answers.len() => {
+            for (answer, result) in answers.into_iter().zip(results) {
+                let _ = answer.send(Ok(result));
+            }
+        }
+        Ok(results) => {
+            let text = format!(
+                "the writer answered {} of {} requests",
+                results.len(),
+                answers.len()
+            );
+            tracing::error!(writer = name, "{text}");
+            for answer in answers {
+                let _ = answer.send(Err(StoreError::Corrupt(text.clone())));
+            }
+        }
+        Err(err) if answers.len() > 1 && refused_by_database(&err) => {
+            metrics::counter!(SPLITS, "writer" => name).increment(1);
+            tracing::warn!(writer = name, error = %err, requests = answers.len(),
+                "the database refused a group; writing each request on its own");
+            for (request, answer) in requests.iter().zip(answers) {
+                let single = write(Arc::new(vec![request.clone()])).await;
+                let _ = answer.send(single.and_then(|mut results| {
+                    results
+                        .pop()
+                        .ok_or_else(|| StoreError::Corrupt("the writer answered nothing".into()))
+                }));
+            }
+        }
+        Err(err) => {
+            let text = err.to_string();
+            for answer in answers {
+                let _ = answer.send(Err(StoreError::GroupWrite(text.clone())));
+            }
+        }
+    }
+}
+
+/// True when the database itself refused the statement (bad data, a constraint, a deadlock),
+/// as opposed to a lost connection, where another try of the same group is no better.
+fn refused_by_database(err: &StoreError) -> bool {
+    matches!(err, StoreError::Database(sqlx::Error::Database(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    // Paused time: the clock only moves when every task waits, so all requests are queued
+    // before the first write's commit ends.
+    #[tokio::test(start_paused = true)]
+    async fn waiting_requests_share_a_write_and_each_gets_its_own_answer() {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let counted = writes.clone();
+        let group = GroupCommit::spawn(
+            "test",
+            GroupSettings {
+                max_group: 100,
+                parallel: 1,
+            },
+            move |requests: Arc<Vec<u32>>| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    // A slow commit: the other requests gather meanwhile.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok(requests.iter().map(|r| r * 10).collect::<Vec<u32>>())
+                }
+            },
+        );
+        let calls: Vec<_> = (0..50u32)
+            .map(|i| {
+                let group = group.clone();
+                tokio::spawn(async move { (i, group.write(i).await.unwrap()) })
+            })
+            .collect();
+        for call in calls {
+            let (i, answer) = call.await.unwrap();
+            assert_eq!(answer, i * 10);
+        }
+        // At most the first request is written alone; all that queued meanwhile share a write.
+        let writes = writes.load(Ordering::SeqCst);
+        assert!(writes <= 2, "50 queued requests took {writes} writes");
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_fails_the_whole_group() {
+        let group = GroupCommit::spawn(
+            "test",
+            GroupSettings {
+                max_group: 10,
+                parallel: 1,
+            },
+            |_: Arc<Vec<u32>>| async {
+                Err::<Vec<u32>, _>(StoreError::Database(sqlx::Error::PoolTimedOut))
+            },
+        );
+        let err = group.write(1).await.unwrap_err();
+        assert!(matches!(err, StoreError::GroupWrite(_)), "{err:?}");
+    }
+}
