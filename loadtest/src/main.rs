@@ -7,6 +7,7 @@
 //! by side; `baseline` measures Herald's starting-point shape against its defaults;
 //! `bulkheads` is the receipt-flood benchmark.
 
+mod accept;
 mod baseline;
 mod breakdown;
 mod bulkheads;
@@ -45,6 +46,9 @@ enum Command {
     /// Send throughput with no receipt flood, with a flood of 10x the send rate on separate
     /// worker servers (bulkheads), and with the flood sharing one semaphore with the sends.
     Bulkheads(bulkheads::Args),
+    /// Intake alone: single and batch accept against the API, and the accept statement through
+    /// pgbench on the same database with the same connections; the ratio is the figure.
+    Accept(Box<accept::AcceptArgs>),
 }
 
 #[tokio::main]
@@ -54,6 +58,7 @@ async fn main() {
         Command::Compare { a, b } => compare(&a, &b),
         Command::Baseline(args) => baseline::main(*args).await,
         Command::Bulkheads(args) => bulkheads::run(args).await.map(|()| 0),
+        Command::Accept(args) => accept::main(*args).await,
     };
     match code {
         Ok(code) => std::process::exit(code),

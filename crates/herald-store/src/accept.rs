@@ -77,7 +77,9 @@ pub fn fingerprint(recipient: &str, partition_key: Option<&str>, body: &Value) -
     xxhash_rust::xxh3::xxh3_128(&bytes).to_be_bytes()
 }
 
-const INSERT_MESSAGES: &str = r#"
+/// The accept statement: messages, their outbox rows and first events, from arrays (one
+/// element per message). Public so benchmarks run exactly this SQL.
+pub const INSERT_MESSAGES: &str = r#"
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[])
         AS t(id, partition, recipient, body, idempotency_key, request_fingerprint)

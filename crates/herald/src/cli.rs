@@ -123,6 +123,14 @@ pub struct ApiArgs {
     /// Most messages in one batch request.
     #[arg(long, env = "HERALD_API_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
+    /// Most single-message accepts that share one transaction (group commit); receipts are
+    /// grouped likewise. Every request is still answered only after its own commit.
+    #[arg(long, env = "HERALD_API_GROUP_MAX", default_value_t = herald_api::DEFAULT_GROUP.max_group)]
+    pub group_max: usize,
+    /// Group transactions written at once (each for accepts and for receipts); while they
+    /// run, the next group gathers. 1 makes the largest groups, more the lowest latency.
+    #[arg(long, env = "HERALD_API_GROUP_PARALLEL", default_value_t = herald_api::DEFAULT_GROUP.parallel)]
+    pub group_parallel: usize,
     /// API keys (comma-separated). When set, every /v1 route needs `Authorization: Bearer <key>`.
     #[arg(
         long,

@@ -16,10 +16,16 @@ pub async fn main(args: ApiArgs) -> anyhow::Result<i32> {
 }
 
 pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()> {
-    if args.max_batch == 0 || args.max_body_bytes == 0 {
-        return Err(
-            ConfigError("--max-batch and --max-body-bytes must be at least 1".into()).into(),
-        );
+    if args.max_batch == 0
+        || args.max_body_bytes == 0
+        || args.group_max == 0
+        || args.group_parallel == 0
+    {
+        return Err(ConfigError(
+            "--max-batch, --max-body-bytes, --group-max and --group-parallel must be at least 1"
+                .into(),
+        )
+        .into());
     }
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
@@ -32,7 +38,10 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
             max_batch: args.max_batch,
         },
         args.api_keys,
-        herald_api::DEFAULT_GROUP,
+        herald_store::group::GroupSettings {
+            max_group: args.group_max,
+            parallel: args.group_parallel,
+        },
     );
     if state.api_keys.is_empty() {
         tracing::warn!("no API keys configured: /v1 is open to anyone who can reach it");
