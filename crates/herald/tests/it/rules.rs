@@ -789,7 +789,9 @@ async fn r6_an_unparseable_timestamp_is_parked_and_never_replaced_by_now() {
         .wait_for("SELECT count(*) FROM parking", 5, MINUTE)
         .await;
     let items = herald.get_json("/v1/parking").await;
-    for item in items["parked"].as_array().unwrap() {
+    let items = items["parked"].as_array().unwrap();
+    assert_eq!(items.len(), 5, "{items:?}");
+    for item in items {
         assert!(
             item["reason"]
                 .as_str()
