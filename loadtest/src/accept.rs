@@ -58,11 +58,17 @@ pub struct Form {
     pub api_messages_per_s: f64,
     /// Requests answered with something other than 2xx, or not answered.
     pub api_errors: u64,
+    /// Messages per accept transaction (group commit, or the batch size).
+    pub mean_messages_per_transaction: f64,
+    /// Mean time of one accept transaction in the API, in milliseconds.
+    pub transaction_ms: f64,
     /// pgbench transactions per second × messages per transaction.
     pub pgbench_messages_per_s: f64,
     /// api / pgbench.
     pub ratio: f64,
     pub api_cpu_s_per_1000: f64,
+    /// The load generator's own CPU (it shares the machine with the API and PostgreSQL).
+    pub client_cpu_s_per_1000: f64,
     pub postgres_cpu_s_per_1000_api: f64,
     pub postgres_cpu_s_per_1000_pgbench: f64,
 }
@@ -140,7 +146,24 @@ pub async fn main(args: AcceptArgs) -> anyhow::Result<i32> {
         eprintln!("accept: {name}: API for {:?}", args.duration);
         let pg_cpu = postgres_cpu_s(pg.data_dir());
         let api_cpu = process_cpu_s(api_pid);
+        let client_cpu = process_cpu_s(std::process::id() as i32);
+        let metrics_before = scrape(&api_url).await;
         let (sent, errors) = load_api(&api_url, size, &args).await?;
+        let metrics_after = scrape(&api_url).await;
+        let delta = |name: &str| sample(&metrics_after, name) - sample(&metrics_before, name);
+        let groups = delta("herald_store_commit_groups_total{writer=\"accept\"}");
+        let mean_group = if groups > 0.0 {
+            delta("herald_store_commit_grouped_total{writer=\"accept\"}") / groups
+        } else {
+            size as f64
+        };
+        let transactions = delta("herald_accept_transaction_duration_seconds_count");
+        let transaction_ms = if transactions > 0.0 {
+            delta("herald_accept_transaction_duration_seconds_sum") * 1000.0 / transactions
+        } else {
+            0.0
+        };
+        let client_cpu = process_cpu_s(std::process::id() as i32) - client_cpu;
         let api_cpu = process_cpu_s(api_pid) - api_cpu;
         let pg_cpu_api = postgres_cpu_s(pg.data_dir()) - pg_cpu;
         eprintln!("accept: {name}: pgbench for {:?}", args.duration);
@@ -156,9 +179,12 @@ pub async fn main(args: AcceptArgs) -> anyhow::Result<i32> {
             messages_per_request: size,
             api_messages_per_s: api_rate,
             api_errors: errors,
+            mean_messages_per_transaction: mean_group,
+            transaction_ms,
             pgbench_messages_per_s: bench_rate,
             ratio: api_rate / bench_rate.max(f64::MIN_POSITIVE),
             api_cpu_s_per_1000: per_1000(api_cpu, sent as f64),
+            client_cpu_s_per_1000: per_1000(client_cpu, sent as f64),
             postgres_cpu_s_per_1000_api: per_1000(pg_cpu_api, sent as f64),
             postgres_cpu_s_per_1000_pgbench: per_1000(pg_cpu_bench, bench_messages),
         });
@@ -194,22 +220,43 @@ pub fn render(report: &AcceptReport) -> String {
         report.connections, report.duration_s, report.durable, report.load_average_before
     );
     out.push_str(&format!(
-        "{:<14} {:>12} {:>14} {:>8} {:>10} {:>12} {:>14}\n",
-        "form", "API msg/s", "pgbench msg/s", "ratio", "API errors", "API cpu/1k", "PG cpu/1k API"
+        "{:<14} {:>10} {:>10} {:>7} {:>7} {:>8} {:>6} | CPU s per 1,000 messages: {:>5} {:>6} {:>7} {:>11}\n",
+        "form", "API msg/s", "pgbench", "ratio", "errors", "msg/tx", "tx ms", "API", "client", "PG(API)", "PG(pgbench)"
     ));
     for form in &report.forms {
         out.push_str(&format!(
-            "{:<14} {:>12.0} {:>14.0} {:>7.2}x {:>10} {:>11.3}s {:>13.3}s\n",
+            "{:<14} {:>10.0} {:>10.0} {:>6.2}x {:>7} {:>8.1} {:>6.2} | {:>31.3} {:>6.3} {:>7.3} {:>11.3}\n",
             form.name,
             form.api_messages_per_s,
             form.pgbench_messages_per_s,
             form.ratio,
             form.api_errors,
+            form.mean_messages_per_transaction,
+            form.transaction_ms,
             form.api_cpu_s_per_1000,
+            form.client_cpu_s_per_1000,
             form.postgres_cpu_s_per_1000_api,
+            form.postgres_cpu_s_per_1000_pgbench,
         ));
     }
     out
+}
+
+/// The API's `/metrics` text (empty when it cannot be read: the figures read 0).
+async fn scrape(api_url: &str) -> String {
+    match reqwest::get(format!("{api_url}/metrics")).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The value of the sample named exactly `name` (labels included, as exported).
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|line| line.strip_prefix(name))
+        .filter_map(|rest| rest.strip_prefix(' '))
+        .filter_map(|value| value.trim().parse::<f64>().ok())
+        .sum()
 }
 
 /// Closed-loop clients posting for `args.duration`; answers (messages committed, failed
@@ -342,8 +389,9 @@ pub fn parse_tps(output: &str) -> Option<f64> {
         .ok()
 }
 
-/// CPU seconds (user + system) a process used so far.
-fn process_cpu_s(pid: i32) -> f64 {
+/// CPU seconds (user + system) a process used so far; with `reaped`, also what its exited
+/// children used (the kernel adds a child's times to its parent's when the parent reaps it).
+fn cpu_s(pid: i32, reaped: bool) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
@@ -352,12 +400,18 @@ fn process_cpu_s(pid: i32) -> f64 {
         return 0.0;
     };
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line; 12 and 13 after the name and state.
+    // utime, stime, cutime, cstime are fields 14 to 17 of the line: 12 to 15 after the name
+    // and the state.
+    let range = if reaped { 11..15 } else { 11..13 };
     let ticks: f64 = fields
-        .get(11..13)
+        .get(range)
         .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
         .unwrap_or(0.0);
     ticks / clock_ticks_per_second()
+}
+
+fn process_cpu_s(pid: i32) -> f64 {
+    cpu_s(pid, false)
 }
 
 /// Linux reports process times in USER_HZ, which is 100 on every architecture it runs on.
@@ -365,9 +419,9 @@ fn clock_ticks_per_second() -> f64 {
     100.0
 }
 
-/// CPU seconds of a PostgreSQL server: its postmaster (from `postmaster.pid`) and every
-/// process it started (backends, WAL writer, checkpointer, …). A backend that exited during the
-/// measurement is not counted; the benchmark's connections stay open while it is read.
+/// CPU seconds of a PostgreSQL server: its postmaster (from `postmaster.pid`), every process
+/// it started that still runs (backends, WAL writer, checkpointer, …) and every one it reaped
+/// (pgbench's backends, once pgbench disconnected).
 fn postgres_cpu_s(data_dir: &Path) -> f64 {
     let Some(postmaster) = std::fs::read_to_string(data_dir.join("postmaster.pid"))
         .ok()
@@ -384,7 +438,7 @@ fn postgres_cpu_s(data_dir: &Path) -> f64 {
         .filter(|pid| parent_of(*pid) == Some(postmaster))
         .map(process_cpu_s)
         .sum();
-    process_cpu_s(postmaster) + children
+    cpu_s(postmaster, true) + children
 }
 
 fn parent_of(pid: i32) -> Option<i32> {
@@ -396,6 +450,14 @@ fn parent_of(pid: i32) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_one_sample_by_its_exact_name() {
+        let text = "x_total{writer=\"accept\"} 12\nx_total{writer=\"receipts\"} 5\nx_count 3\n";
+        assert_eq!(sample(text, "x_total{writer=\"accept\"}"), 12.0);
+        assert_eq!(sample(text, "x_count"), 3.0);
+        assert_eq!(sample(text, "x"), 0.0);
+    }
 
     #[test]
     fn reads_pgbench_tps() {

@@ -132,15 +132,16 @@ pub struct KeyReused {
 
 /// Writes independent messages (separate requests sharing one transaction, see
 /// [`crate::group`]) and answers each on its own: a reused key fails only its own message.
+/// The insert is one statement, committed on its own (one round trip, no BEGIN/COMMIT): no
+/// message depends on another, so nothing needs rolling back. Messages whose key existed are
+/// then answered from the stored rows, which are committed (the insert waited for them).
 pub async fn accept_each(
     pool: &PgPool,
     messages: &[NewMessage],
 ) -> Result<Vec<Result<Accepted, KeyReused>>, StoreError> {
     measured(Operation::Accept, async {
-        let mut tx = pool.begin().await?;
-        let written = write_messages(&mut tx, messages).await?;
-        tx.commit().await?;
-        Ok(written)
+        let mut conn = pool.acquire().await?;
+        Ok(write_messages(&mut conn, messages).await?)
     })
     .await
 }
@@ -149,7 +150,7 @@ pub async fn accept_each(
 /// whose key exists is answered from the stored one (same content) or refused (other content).
 /// Two messages of one call with the same key behave as if sent one after the other.
 async fn write_messages(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    conn: &mut sqlx::PgConnection,
     messages: &[NewMessage],
 ) -> Result<Vec<Result<Accepted, KeyReused>>, sqlx::Error> {
     let inserted: Vec<(Uuid, i32)> = sqlx::query_as(INSERT_MESSAGES)
@@ -180,7 +181,7 @@ async fn write_messages(
                 .collect::<Vec<_>>(),
         )
         .bind(JobType::Send.as_str())
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await?;
     let created: std::collections::HashSet<Uuid> = inserted.iter().map(|(id, _)| *id).collect();
     // Not inserted: the idempotency key exists. Same content is a retry, else a conflict.
@@ -198,7 +199,7 @@ async fn write_messages(
              WHERE m.idempotency_key = ANY($1)",
         )
         .bind(&reused)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await?
     };
     let existing: std::collections::HashMap<&str, (Uuid, &[u8], &str)> = existing
