@@ -40,6 +40,15 @@ async fn accept_one_inner(
     body: Body,
 ) -> Result<Response, Problem> {
     let key = idempotency_header(headers)?;
+    if key.is_none() && state.limits.require_idempotency_key {
+        return Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "missing-idempotency-key",
+            "An Idempotency-Key header is required",
+            "this API requires an Idempotency-Key on every message, so a retry can never store it twice",
+        )
+        .with_field("Idempotency-Key"));
+    }
     let value = read_json(state, headers, body).await?;
     let message = validate::message(&value, "", key, false, state.partitions)?;
     let first = commit_one(state, message).await?;
@@ -122,6 +131,12 @@ async fn accept_batch_inner(
     for (index, item) in items.iter().enumerate() {
         let path = format!("messages[{index}].");
         let message = validate::message(item, &path, None, true, state.partitions)?;
+        if message.idempotency_key.is_none() && state.limits.require_idempotency_key {
+            return Err(Problem::invalid_field(
+                format!("{path}idempotency_key"),
+                format!("`{path}idempotency_key` is required: this API requires a key on every message, so a retry can never store it twice"),
+            ));
+        }
         if let Some(key) = &message.idempotency_key {
             if !keys.insert(key.clone()) {
                 return Err(Problem::invalid_field(
@@ -198,7 +213,7 @@ async fn commit_one(state: &ApiState, message: NewMessage) -> Result<Accepted, P
         Ok(Err(KeyReused { key })) => Err(key_conflict(&key, "Idempotency-Key".to_owned())),
         Err(err) => {
             tracing::error!(error = %err, "accept transaction failed");
-            Err(Problem::unavailable())
+            Err(Problem::write_failed(&err))
         }
     }
 }
@@ -217,7 +232,7 @@ async fn commit_batch(state: &ApiState, messages: &[NewMessage]) -> Result<Vec<A
         )),
         Err(AcceptError::Store(err)) => {
             tracing::error!(error = %err, count = messages.len(), "accept transaction failed");
-            Err(Problem::unavailable())
+            Err(Problem::write_failed(&err))
         }
     }
 }

@@ -30,6 +30,9 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Most messages in one batch request.
     pub max_batch: usize,
+    /// Refuse a message without an idempotency key: a retry after an unknown outcome (a lost
+    /// connection during the commit) can then never store a message twice.
+    pub require_idempotency_key: bool,
 }
 
 impl Default for Limits {
@@ -37,6 +40,7 @@ impl Default for Limits {
         Self {
             max_body_bytes: 256 * 1024,
             max_batch: 1000,
+            require_idempotency_key: false,
         }
     }
 }

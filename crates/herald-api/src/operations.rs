@@ -76,7 +76,7 @@ pub(crate) async fn accept_receipt(
         }
         Err(err) => {
             tracing::error!(error = %err, "storing a receipt failed");
-            reject(Problem::unavailable())
+            reject(Problem::write_failed(&err))
         }
     }
 }

@@ -74,6 +74,26 @@ impl Problem {
         )
     }
 
+    /// A failed write, told apart by whether anything may have been written.
+    pub fn write_failed(err: &herald_store::StoreError) -> Self {
+        match err {
+            herald_store::StoreError::OutcomeUnknown(_) => Self::outcome_unknown(),
+            _ => Self::unavailable(),
+        }
+    }
+
+    /// The connection broke after the write was sent: the request may be stored.
+    pub fn outcome_unknown() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "outcome-unknown",
+            "Herald cannot tell whether the request was committed",
+            "the connection to the database broke after the write was sent, so the request may \
+             be stored; retry with the same Idempotency-Key (the answer names the stored message, \
+             or stores it now); a retry without a key may store it twice",
+        )
+    }
+
     /// A short label for the rejection counter.
     pub fn reason(&self) -> &str {
         self.kind.rsplit(':').next().unwrap_or("unknown")

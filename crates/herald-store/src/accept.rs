@@ -106,7 +106,10 @@ pub async fn accept_messages(
 ) -> Result<Vec<Accepted>, AcceptError> {
     measured(Operation::Accept, async {
         let mut tx = pool.begin().await?;
-        let written = write_messages(&mut tx, messages).await?;
+        // Nothing is committed before COMMIT: an error of either step wrote nothing.
+        let written = write_messages(&mut tx, messages)
+            .await
+            .map_err(|(_, err)| err)?;
         let mut answers = Vec::with_capacity(written.len());
         for (index, result) in written.into_iter().enumerate() {
             match result {
@@ -117,7 +120,8 @@ pub async fn accept_messages(
                 }
             }
         }
-        tx.commit().await?;
+        // Until COMMIT is sent, a broken connection rolls the transaction back.
+        tx.commit().await.map_err(crate::after_sending)?;
         Ok(answers)
     })
     .await
@@ -141,9 +145,25 @@ pub async fn accept_each(
 ) -> Result<Vec<Result<Accepted, KeyReused>>, StoreError> {
     measured(Operation::Accept, async {
         let mut conn = pool.acquire().await?;
-        Ok(write_messages(&mut conn, messages).await?)
+        // The insert commits on its own: once it is sent, a broken connection may hide a
+        // commit; once it committed, failing to read the existing keys leaves every answer
+        // unknown (some messages of the group are stored).
+        write_messages(&mut conn, messages)
+            .await
+            .map_err(|(step, err)| match step {
+                Step::Insert => crate::after_sending(err),
+                Step::Resolve => StoreError::OutcomeUnknown(err.to_string()),
+            })
     })
     .await
+}
+
+/// Which step of [`write_messages`] failed.
+enum Step {
+    /// The insert of messages, outbox rows and first events.
+    Insert,
+    /// Reading the stored messages of keys that existed, after the insert.
+    Resolve,
 }
 
 /// Inserts the messages with their outbox rows and first events in one statement; a message
@@ -152,8 +172,20 @@ pub async fn accept_each(
 async fn write_messages(
     conn: &mut sqlx::PgConnection,
     messages: &[NewMessage],
-) -> Result<Vec<Result<Accepted, KeyReused>>, sqlx::Error> {
-    let inserted: Vec<(Uuid, i32)> = sqlx::query_as(INSERT_MESSAGES)
+) -> Result<Vec<Result<Accepted, KeyReused>>, (Step, sqlx::Error)> {
+    let inserted = insert_messages(conn, messages)
+        .await
+        .map_err(|err| (Step::Insert, err))?;
+    resolve_messages(conn, messages, inserted)
+        .await
+        .map_err(|err| (Step::Resolve, err))
+}
+
+async fn insert_messages(
+    conn: &mut sqlx::PgConnection,
+    messages: &[NewMessage],
+) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+    sqlx::query_as(INSERT_MESSAGES)
         .bind(messages.iter().map(|m| m.id).collect::<Vec<_>>())
         .bind(
             messages
@@ -182,7 +214,14 @@ async fn write_messages(
         )
         .bind(JobType::Send.as_str())
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+}
+
+async fn resolve_messages(
+    conn: &mut sqlx::PgConnection,
+    messages: &[NewMessage],
+    inserted: Vec<(Uuid, i32)>,
+) -> Result<Vec<Result<Accepted, KeyReused>>, sqlx::Error> {
     let created: std::collections::HashSet<Uuid> = inserted.iter().map(|(id, _)| *id).collect();
     // Not inserted: the idempotency key exists. Same content is a retry, else a conflict.
     let reused: Vec<&str> = messages

@@ -181,9 +181,14 @@ where
             }
         }
         Err(err) => {
+            let unknown = matches!(err, StoreError::OutcomeUnknown(_));
             let text = err.to_string();
             for answer in answers {
-                let _ = answer.send(Err(StoreError::GroupWrite(text.clone())));
+                let _ = answer.send(Err(if unknown {
+                    StoreError::OutcomeUnknown(text.clone())
+                } else {
+                    StoreError::GroupWrite(text.clone())
+                }));
             }
         }
     }

@@ -38,10 +38,27 @@ pub enum StoreError {
     /// A write shared with other callers (group commit) failed; the text is its error.
     #[error("the shared write failed: {0}")]
     GroupWrite(String),
+    /// The connection broke after the write was sent: PostgreSQL may or may not have
+    /// committed it. A caller must not be told that nothing was written.
+    #[error("the outcome of the write is unknown (the connection broke after it was sent): {0}")]
+    OutcomeUnknown(String),
     /// The partition's recorded epoch is not the caller's: a newer owner took it over, and the
     /// statement changed nothing.
     #[error("partition {partition} is fenced: epoch {epoch} is no longer its owner's")]
     Fenced { partition: u32, epoch: i64 },
+}
+
+/// Classifies an error of a write that was already sent: a broken connection (no answer from
+/// the server) leaves the outcome unknown; an answer (an error the server sent) means the
+/// statement, and with it an implicit or open transaction, did not commit.
+pub(crate) fn after_sending(err: sqlx::Error) -> StoreError {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => StoreError::OutcomeUnknown(err.to_string()),
+        other => StoreError::Database(other),
+    }
 }
 
 /// How a role connects to PostgreSQL.

@@ -54,6 +54,7 @@ pub async fn accept_receipts(
         return Ok(Vec::new());
     }
     measured(Operation::Accept, async {
+        let mut conn = pool.acquire().await?;
         let ids: Vec<i64> = sqlx::query_scalar(
             "WITH input AS MATERIALIZED (
                  SELECT nextval(pg_get_serial_sequence('receipts', 'id')) AS id,
@@ -94,8 +95,10 @@ pub async fn accept_receipts(
                 .collect::<Vec<_>>(),
         )
         .bind(JobType::Status.as_str())
-        .fetch_all(pool)
-        .await?;
+        .fetch_all(&mut *conn)
+        .await
+        // One statement, committed on its own: once sent, a broken connection may hide a commit.
+        .map_err(crate::after_sending)?;
         Ok(ids)
     })
     .await

@@ -123,6 +123,10 @@ pub struct ApiArgs {
     /// Most messages in one batch request.
     #[arg(long, env = "HERALD_API_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
+    /// Refuse messages without an idempotency key (400 for a request without the header, 422
+    /// for a batch item without `idempotency_key`), so no client retry can store one twice.
+    #[arg(long, env = "HERALD_API_REQUIRE_IDEMPOTENCY_KEY")]
+    pub require_idempotency_key: bool,
     /// Most single-message accepts that share one transaction (group commit); receipts are
     /// grouped likewise. Every request is still answered only after its own commit.
     #[arg(long, env = "HERALD_API_GROUP_MAX", default_value_t = herald_api::DEFAULT_GROUP.max_group)]

@@ -22,6 +22,7 @@ HERALD_API_MAX_BODY_BYTES: {{ $api.maxBodyBytes | int64 | quote }}
 HERALD_API_MAX_BATCH: {{ $api.maxBatch | int64 | quote }}
 HERALD_API_GROUP_MAX: {{ $api.groupMax | int64 | quote }}
 HERALD_API_GROUP_PARALLEL: {{ $api.groupParallel | int64 | quote }}
+HERALD_API_REQUIRE_IDEMPOTENCY_KEY: {{ $api.requireIdempotencyKey | toString | quote }}
 HERALD_BACKLOG_GAUGE_INTERVAL: {{ $api.backlogGaugeInterval | quote }}
 {{ include "herald.config.pressure" . }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "send" "var" "HERALD_REDIS_SEND_URL") }}

@@ -223,3 +223,49 @@ async fn partitions_list_owner_epoch_and_backlog() {
         }
     }
 }
+
+/// With keys required, a message without one is refused (and nothing written); with one it is
+/// accepted as always.
+#[tokio::test]
+async fn a_deployment_that_requires_keys_refuses_messages_without_one() {
+    let api = TestApi::start(
+        &[],
+        herald_api::Limits {
+            require_idempotency_key: true,
+            ..herald_api::Limits::default()
+        },
+    )
+    .await;
+    let message = json!({"recipient": "a@example.com", "body": {"n": 1}});
+    let response = api
+        .post("/v1/messages")
+        .json(&message)
+        .send()
+        .await
+        .unwrap();
+    let problem = crate::assert_problem(response, 400, Some("Idempotency-Key")).await;
+    assert_eq!(
+        problem["type"],
+        "urn:herald:problem:missing-idempotency-key"
+    );
+    let batch = json!({"messages": [
+        {"recipient": "a", "body": 1, "idempotency_key": "k-1"},
+        {"recipient": "b", "body": 2},
+    ]});
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&batch)
+        .send()
+        .await
+        .unwrap();
+    crate::assert_problem(response, 422, Some("messages[1].idempotency_key")).await;
+    assert_eq!(api.rows().await, (0, 0, 0));
+    let response = api
+        .post("/v1/messages")
+        .header("Idempotency-Key", "k-2")
+        .json(&message)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+}

@@ -10,6 +10,7 @@ async fn every_bad_request_gets_a_problem_naming_the_field_and_writes_nothing() 
         Limits {
             max_body_bytes: 4096,
             max_batch: 10,
+            ..Limits::default()
         },
     )
     .await;

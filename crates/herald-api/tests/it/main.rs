@@ -4,6 +4,7 @@
 mod accept;
 mod auth;
 mod errors;
+mod outcome;
 
 use herald_api::{ApiState, Limits};
 use herald_core::PartitionCount;

@@ -36,6 +36,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         Limits {
             max_body_bytes: args.max_body_bytes,
             max_batch: args.max_batch,
+            require_idempotency_key: args.require_idempotency_key,
         },
         args.api_keys,
         herald_store::group::GroupSettings {
