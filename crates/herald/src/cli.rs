@@ -80,7 +80,7 @@ pub struct CommonArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct DatabaseArgs {
     /// PostgreSQL URL, e.g. postgres://herald:secret@db:5432/herald.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
+    #[arg(long, hide_env_values = true, env = "HERALD_DATABASE_URL")]
     #[serde(serialize_with = "mask_password")]
     pub database_url: String,
     /// Largest number of PostgreSQL connections this process holds.
@@ -108,11 +108,21 @@ pub struct ApiArgs {
     pub listen: SocketAddr,
     /// The send job type's queue store shards. Not on the accept path: `/readyz` turns false
     /// when one is full or unreachable, so traffic moves to a healthy deployment.
-    #[arg(long, env = "HERALD_REDIS_SEND_URL", value_delimiter = ',')]
+    #[arg(
+        long,
+        hide_env_values = true,
+        env = "HERALD_REDIS_SEND_URL",
+        value_delimiter = ','
+    )]
     #[serde(serialize_with = "mask_passwords")]
     pub redis_send_url: Vec<String>,
     /// The status job type's queue store shards (readiness only, like --redis-send-url).
-    #[arg(long, env = "HERALD_REDIS_STATUS_URL", value_delimiter = ',')]
+    #[arg(
+        long,
+        hide_env_values = true,
+        env = "HERALD_REDIS_STATUS_URL",
+        value_delimiter = ','
+    )]
     #[serde(serialize_with = "mask_passwords")]
     pub redis_status_url: Vec<String>,
     #[command(flatten)]
@@ -160,6 +170,7 @@ pub struct QueueArgs {
     #[arg(
         long,
         env = "HERALD_REDIS_SEND_URL",
+        hide_env_values = true,
         value_delimiter = ',',
         required = true
     )]
@@ -169,6 +180,7 @@ pub struct QueueArgs {
     #[arg(
         long,
         env = "HERALD_REDIS_STATUS_URL",
+        hide_env_values = true,
         value_delimiter = ',',
         required = true
     )]
@@ -208,7 +220,12 @@ pub struct PollerArgs {
     pub poller_id: Option<String>,
     /// etcd endpoints (comma-separated). With them, pollers share the partitions as a fleet;
     /// without, this poller takes every partition (a single poller).
-    #[arg(long, env = "HERALD_ETCD_ENDPOINTS", value_delimiter = ',')]
+    #[arg(
+        long,
+        hide_env_values = true,
+        env = "HERALD_ETCD_ENDPOINTS",
+        value_delimiter = ','
+    )]
     pub etcd_endpoints: Vec<String>,
     /// Key prefix of this Herald cluster in etcd.
     #[arg(long, env = "HERALD_ETCD_PREFIX", default_value = "/herald")]
@@ -266,7 +283,13 @@ pub struct WorkerArgs {
     pub job_type: JobType,
     /// Redis URLs of this job type's queue store, one per shard (comma-separated); the worker
     /// consumes every shard.
-    #[arg(long, env = "HERALD_REDIS_URL", value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        hide_env_values = true,
+        env = "HERALD_REDIS_URL",
+        value_delimiter = ',',
+        required = true
+    )]
     #[serde(serialize_with = "mask_passwords")]
     pub redis_url: Vec<String>,
     /// Connections to the queue store.
@@ -289,7 +312,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "HERALD_WORKER_ID")]
     pub worker_id: Option<String>,
     /// send: base URL of the provider (the simulator, or a real gateway adapter).
-    #[arg(long, env = "HERALD_PROVIDER_URL")]
+    #[arg(long, hide_env_values = true, env = "HERALD_PROVIDER_URL")]
     pub provider_url: Option<String>,
     /// A provider call that takes longer is abandoned and retried with the same key.
     #[arg(long, env = "HERALD_PROVIDER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -377,7 +400,7 @@ pub struct SimArgs {
     )]
     pub log_path: PathBuf,
     /// Herald API base URL to post delivery receipts to (none: no receipts).
-    #[arg(long, env = "HERALD_SIM_CALLBACK_URL")]
+    #[arg(long, hide_env_values = true, env = "HERALD_SIM_CALLBACK_URL")]
     pub callback_url: Option<String>,
     /// Bearer token for the receipt callback.
     #[arg(long, env = "HERALD_SIM_CALLBACK_TOKEN", hide_env_values = true)]
@@ -412,11 +435,11 @@ pub struct SimArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct VerifyArgs {
     /// PostgreSQL URL of the Herald database.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
+    #[arg(long, hide_env_values = true, env = "HERALD_DATABASE_URL")]
     #[serde(serialize_with = "mask_password")]
     pub database_url: String,
     /// Base URL of the provider simulator whose record proves each submit and receipt.
-    #[arg(long, env = "HERALD_PROVIDER_SIM_URL")]
+    #[arg(long, hide_env_values = true, env = "HERALD_PROVIDER_SIM_URL")]
     pub provider_sim: String,
     /// Ends the run is allowed to have, exactly: CLASS=COUNT,… with CLASS one of dead,
     /// failed_wrongly, unknown, receipt_parked, parked (e.g. `--expect dead=5` after a

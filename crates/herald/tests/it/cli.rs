@@ -46,6 +46,42 @@ fn help_names_every_role_and_its_environment_variables() {
     }
 }
 
+/// `--help` shows which variable each flag reads, never the value it holds: URLs carry
+/// passwords.
+#[test]
+fn help_never_prints_a_secret_from_the_environment() {
+    let secrets = [
+        ("HERALD_DATABASE_URL", "postgres://herald:pw-db-1@db/herald"),
+        ("HERALD_REDIS_URL", "redis://:pw-redis-2@redis:6379"),
+        ("HERALD_REDIS_SEND_URL", "redis://:pw-redis-3@redis:6379"),
+        ("HERALD_REDIS_STATUS_URL", "redis://:pw-redis-4@redis:6379"),
+        ("HERALD_ETCD_ENDPOINTS", "http://root:pw-etcd-5@etcd:2379"),
+        ("HERALD_PROVIDER_URL", "https://user:pw-gw-6@gateway"),
+        ("HERALD_PROVIDER_SIM_URL", "http://user:pw-sim-7@sim"),
+        ("HERALD_SIM_CALLBACK_URL", "http://user:pw-cb-8@api"),
+        ("HERALD_API_KEYS", "pw-key-9"),
+    ];
+    for role in [
+        "migrate",
+        "api",
+        "poller",
+        "worker",
+        "provider-sim",
+        "dev",
+        "verify",
+        "plan",
+    ] {
+        let out = std::process::Command::new(HERALD)
+            .args([role, "--help"])
+            .envs(secrets)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{role} --help failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("pw-"), "{role} --help shows a secret:\n{text}");
+    }
+}
+
 #[test]
 fn bad_configuration_exits_64_with_the_reason() {
     let out = herald(&["api"]);
