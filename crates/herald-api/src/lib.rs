@@ -117,6 +117,10 @@ pub fn router(state: ApiState) -> Router {
             "/v1/providers/{gateway}/receipts",
             post(operations::accept_receipt),
         )
+        .route(
+            "/v1/providers/{gateway}/receipts/batch",
+            post(operations::accept_receipt_batch),
+        )
         .route("/v1/dead", get(operations::list_dead))
         .route("/v1/dead/{id}/redrive", post(operations::redrive_dead))
         .route("/v1/parking", get(operations::list_parked))

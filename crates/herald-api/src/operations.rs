@@ -22,6 +22,25 @@ pub fn receipt_partition(gateway: &str, raw: &[u8], partitions: PartitionCount) 
     partition_of(&format!("{gateway}:{id}"), partitions)
 }
 
+/// A gateway name: 1 to 64 letters, digits, '-' or '_'.
+fn check_gateway(gateway: &str) -> Result<(), Problem> {
+    let valid = !gateway.is_empty()
+        && gateway.len() <= 64
+        && gateway
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if valid {
+        return Ok(());
+    }
+    Err(Problem::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-gateway",
+        "The gateway name is invalid",
+        "a gateway name has 1 to 64 letters, digits, '-' or '_'",
+    )
+    .with_field("gateway"))
+}
+
 /// `POST /v1/providers/{gateway}/receipts`: stores the body byte for byte with a `status` job
 /// and answers 202 only after the commit. Nothing is mapped or dropped here.
 pub(crate) async fn accept_receipt(
@@ -30,21 +49,8 @@ pub(crate) async fn accept_receipt(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let valid_gateway = !gateway.is_empty()
-        && gateway.len() <= 64
-        && gateway
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if !valid_gateway {
-        return reject(
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid-gateway",
-                "The gateway name is invalid",
-                "a gateway name has 1 to 64 letters, digits, '-' or '_'",
-            )
-            .with_field("gateway"),
-        );
+    if let Err(problem) = check_gateway(&gateway) {
+        return reject(problem);
     }
     let limit = state.limits.max_body_bytes;
     let Ok(raw) = axum::body::to_bytes(body, limit).await else {
@@ -76,6 +82,110 @@ pub(crate) async fn accept_receipt(
         }
         Err(err) => {
             tracing::error!(error = %err, "storing a receipt failed");
+            reject(Problem::write_failed(&err))
+        }
+    }
+}
+
+/// `POST /v1/providers/{gateway}/receipts/batch`: a JSON array of receipts, for gateways that
+/// post many at once. Each element is stored byte for byte as its own receipt with its own
+/// `status` job, all in one statement, and answered 202 with the receipt ids in order only
+/// after the commit. A body that is not a JSON array cannot be split: it is stored whole as one
+/// receipt (the status worker parks it with its raw bytes) and answered 400.
+pub(crate) async fn accept_receipt_batch(
+    State(state): State<ApiState>,
+    Path(gateway): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(problem) = check_gateway(&gateway) {
+        return reject(problem);
+    }
+    let limit = state.limits.max_body_bytes;
+    let Ok(raw) = axum::body::to_bytes(body, limit).await else {
+        return reject(Problem::too_large(limit));
+    };
+    if raw.is_empty() {
+        return reject(Problem::invalid_field(
+            "body",
+            "a receipt batch must not be empty",
+        ));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let items: Vec<Box<serde_json::value::RawValue>> = match serde_json::from_slice(&raw) {
+        Ok(items) => items,
+        Err(err) => return unsplittable(&state, gateway, &raw, content_type, err).await,
+    };
+    if items.is_empty() || items.len() > state.limits.max_batch {
+        return reject(Problem::invalid_field(
+            "body",
+            format!(
+                "a receipt batch has 1 to {} receipts, got {}",
+                state.limits.max_batch,
+                items.len()
+            ),
+        ));
+    }
+    let receipts: Vec<NewReceipt> = items
+        .iter()
+        .map(|item| {
+            let raw = item.get().as_bytes();
+            NewReceipt {
+                gateway: gateway.clone(),
+                raw: raw.to_vec(),
+                content_type: content_type.clone(),
+                partition: receipt_partition(&gateway, raw, state.partitions),
+            }
+        })
+        .collect();
+    match herald_store::receipts::accept_receipts(&state.pool, &receipts).await {
+        Ok(ids) => {
+            state.wakeups.wake(receipts.iter().map(|r| r.partition));
+            metrics::counter!(RECEIPTS).increment(ids.len() as u64);
+            (StatusCode::ACCEPTED, Json(json!({ "receipt_ids": ids }))).into_response()
+        }
+        Err(err) => {
+            tracing::error!(error = %err, %gateway, receipts = receipts.len(), "storing a batch of receipts failed");
+            reject(Problem::write_failed(&err))
+        }
+    }
+}
+
+/// A batch body that is not a JSON array: kept whole as one receipt, so the status worker
+/// parks it with its raw bytes, and refused with 400 so the gateway sees its mistake.
+async fn unsplittable(
+    state: &ApiState,
+    gateway: String,
+    raw: &[u8],
+    content_type: Option<String>,
+    err: serde_json::Error,
+) -> Response {
+    let partition = receipt_partition(&gateway, raw, state.partitions);
+    let receipt = NewReceipt {
+        gateway: gateway.clone(),
+        raw: raw.to_vec(),
+        content_type,
+        partition,
+    };
+    match state.receipts.write(receipt).await {
+        Ok(id) => {
+            state.wakeups.wake([partition]);
+            metrics::counter!(RECEIPTS).increment(1);
+            tracing::warn!(%gateway, receipt_id = id, error = %err,
+                "a receipt batch is not a JSON array; stored whole to be parked with its raw body");
+            reject(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-receipt-batch",
+                "A receipt batch must be a JSON array of receipts",
+                format!("{err}; the body was stored as receipt {id} and will be parked with its raw bytes"),
+            )
+            .with_field("body"))
+        }
+        Err(err) => {
+            tracing::error!(error = %err, %gateway, "storing an unsplittable receipt batch failed");
             reject(Problem::write_failed(&err))
         }
     }

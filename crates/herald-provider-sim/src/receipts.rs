@@ -8,6 +8,7 @@ use std::time::Duration;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::record::{Record, SubmitAnswer};
 
@@ -38,6 +39,9 @@ pub struct ReceiptRates {
     /// Share of final receipts that say UNDELIV, and EXPIRED; the rest say DELIVRD.
     pub undelivered_rate: f64,
     pub expired_rate: f64,
+    /// Most receipts in one post to Herald's batch endpoint; 1 posts each receipt on its own
+    /// to the single endpoint, like a gateway that cannot batch.
+    pub post_batch: usize,
 }
 
 impl Default for ReceiptRates {
@@ -50,6 +54,7 @@ impl Default for ReceiptRates {
             bad_timestamp_rate: 0.0,
             undelivered_rate: 0.0,
             expired_rate: 0.0,
+            post_batch: 100,
         }
     }
 }
@@ -69,6 +74,7 @@ impl ReceiptRates {
                 "{name} rate must be within 0..=1, got {rate}"
             );
         }
+        anyhow::ensure!(self.post_batch >= 1, "the receipt batch must be at least 1");
         anyhow::ensure!(
             self.undelivered_rate + self.expired_rate <= 1.0,
             "undelivered and expired rates add up to more than 1"
@@ -79,7 +85,9 @@ impl ReceiptRates {
 
 /// Posts receipts in the background, retrying while Herald is unreachable or busy, like a
 /// gateway's callback workers: a bounded number of posts at once, each retried for up to
-/// [`GIVE_UP_AFTER`].
+/// [`GIVE_UP_AFTER`]. With `post_batch` above 1, receipts that are due while earlier posts
+/// are in flight go together in one post to the batch endpoint (no timer: a lone receipt is
+/// posted at once).
 #[derive(Clone)]
 pub struct Sender {
     client: reqwest::Client,
@@ -88,10 +96,19 @@ pub struct Sender {
     rates: Arc<ReceiptRates>,
     record: Arc<tokio::sync::Mutex<Record>>,
     posts: Arc<tokio::sync::Semaphore>,
+    /// Receipts waiting for a batch post, and the batcher's end of the queue until it starts.
+    queue: mpsc::UnboundedSender<Queued>,
+    batcher: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<Queued>>>>,
 }
 
-/// Receipt posts in flight at once.
+/// A receipt waiting for a batch post: its gateway, body, and who to tell whether it landed.
+type Queued = (String, Value, oneshot::Sender<bool>);
+
+/// Receipt posts in flight at once, one receipt each.
 const CONCURRENT_POSTS: usize = 64;
+/// Batch posts in flight at once: fewer than single posts, so receipts gather into batches
+/// while they run.
+const CONCURRENT_BATCH_POSTS: usize = 8;
 /// How long a receipt is retried before the simulator gives up on it (and counts it).
 const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 
@@ -102,6 +119,12 @@ impl Sender {
         rates: ReceiptRates,
         record: Arc<tokio::sync::Mutex<Record>>,
     ) -> anyhow::Result<Self> {
+        let (queue, batcher) = mpsc::unbounded_channel();
+        let slots = if rates.post_batch > 1 {
+            CONCURRENT_BATCH_POSTS
+        } else {
+            CONCURRENT_POSTS
+        };
         Ok(Self {
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -110,7 +133,9 @@ impl Sender {
             token,
             rates: Arc::new(rates),
             record,
-            posts: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_POSTS)),
+            posts: Arc::new(tokio::sync::Semaphore::new(slots)),
+            queue,
+            batcher: Arc::new(std::sync::Mutex::new(Some(batcher))),
         })
     }
 
@@ -171,28 +196,96 @@ impl Sender {
     }
 
     async fn post(&self, gateway: &str, body: Value) {
-        let url = format!("{}/v1/providers/{gateway}/receipts", self.base);
+        let landed = if self.rates.post_batch > 1 {
+            self.post_batched(gateway, body).await
+        } else {
+            let url = format!("{}/v1/providers/{gateway}/receipts", self.base);
+            self.post_with_retries(&url, &body, 1).await
+        };
+        self.record.lock().await.count_receipt(landed);
+    }
+
+    /// Queues the receipt for the next batch post and waits for its answer.
+    async fn post_batched(&self, gateway: &str, body: Value) -> bool {
+        let waiting = self.batcher.lock().expect("batcher lock").take();
+        if let Some(waiting) = waiting {
+            tokio::spawn(self.clone().run_batches(waiting));
+        }
+        let (landed, answer) = oneshot::channel();
+        if self.queue.send((gateway.to_owned(), body, landed)).is_err() {
+            return false;
+        }
+        answer.await.unwrap_or(false)
+    }
+
+    /// Takes every receipt that is waiting when a post slot is free (at most `post_batch`),
+    /// and posts each gateway's share as one batch.
+    async fn run_batches(self, mut waiting: mpsc::UnboundedReceiver<Queued>) {
+        loop {
+            let Ok(slot) = self.posts.clone().acquire_owned().await else {
+                return;
+            };
+            let Some(first) = waiting.recv().await else {
+                return;
+            };
+            let mut taken = vec![first];
+            while taken.len() < self.rates.post_batch {
+                match waiting.try_recv() {
+                    Ok(next) => taken.push(next),
+                    Err(_) => break,
+                }
+            }
+            let mut by_gateway: std::collections::BTreeMap<
+                String,
+                Vec<(Value, oneshot::Sender<bool>)>,
+            > = Default::default();
+            for (gateway, body, landed) in taken {
+                by_gateway.entry(gateway).or_default().push((body, landed));
+            }
+            let sender = self.clone();
+            tokio::spawn(async move {
+                for (gateway, receipts) in by_gateway {
+                    let url = format!("{}/v1/providers/{gateway}/receipts/batch", sender.base);
+                    let (bodies, answers): (Vec<Value>, Vec<_>) = receipts.into_iter().unzip();
+                    let landed = sender
+                        .post_with_retries(&url, &Value::Array(bodies), 0)
+                        .await;
+                    for answer in answers {
+                        let _ = answer.send(landed);
+                    }
+                }
+                drop(slot);
+            });
+        }
+    }
+
+    /// Posts `body` to `url` until Herald takes it (true), refuses it (4xx, false) or
+    /// [`GIVE_UP_AFTER`] passed (false). `slots` post slots are taken per try (0: the caller
+    /// holds one).
+    async fn post_with_retries(&self, url: &str, body: &Value, slots: u32) -> bool {
         let mut delay = Duration::from_millis(100);
         let give_up = tokio::time::Instant::now() + GIVE_UP_AFTER;
         while tokio::time::Instant::now() < give_up {
             let answer = {
-                let Ok(_slot) = self.posts.acquire().await else {
-                    break;
+                let _slot = if slots > 0 {
+                    match self.posts.acquire_many(slots).await {
+                        Ok(slot) => Some(slot),
+                        Err(_) => break,
+                    }
+                } else {
+                    None
                 };
-                let mut request = self.client.post(&url).json(&body);
+                let mut request = self.client.post(url).json(body);
                 if let Some(token) = &self.token {
                     request = request.bearer_auth(token);
                 }
                 request.send().await
             };
             match answer {
-                Ok(response) if response.status().is_success() => {
-                    self.record.lock().await.count_receipt(true);
-                    return;
-                }
+                Ok(response) if response.status().is_success() => return true,
                 Ok(response) if response.status().is_client_error() => {
                     tracing::error!(status = %response.status(), %url, "Herald refused a receipt");
-                    break;
+                    return false;
                 }
                 _ => {
                     tokio::time::sleep(delay).await;
@@ -201,7 +294,7 @@ impl Sender {
             }
         }
         tracing::error!(%url, "gave up posting a receipt");
-        self.record.lock().await.count_receipt(false);
+        false
     }
 }
 

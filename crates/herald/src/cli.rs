@@ -428,6 +428,10 @@ pub struct SimArgs {
     /// Share of final receipts that say EXPIRED.
     #[arg(long, env = "HERALD_SIM_EXPIRED_RATE", default_value_t = 0.0)]
     pub expired_rate: f64,
+    /// Most receipts in one post to Herald's batch endpoint; 1 posts each on its own to the
+    /// single endpoint (a gateway that cannot batch).
+    #[arg(long, env = "HERALD_SIM_RECEIPT_BATCH", default_value_t = 100)]
+    pub receipt_batch: usize,
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -120,4 +120,5 @@ HERALD_SIM_UNKNOWN_STATUS_RATE: {{ $s.unknownStatusRate | quote }}
 HERALD_SIM_BAD_TIMESTAMP_RATE: {{ $s.badTimestampRate | quote }}
 HERALD_SIM_UNDELIVERED_RATE: {{ $s.undeliveredRate | quote }}
 HERALD_SIM_EXPIRED_RATE: {{ $s.expiredRate | quote }}
+HERALD_SIM_RECEIPT_BATCH: {{ $s.receiptBatch | int64 | quote }}
 {{- end -}}

@@ -126,6 +126,9 @@ fn every_route(message_id: &str, dead_id: i64, parking_id: i64) -> Vec<Call> {
         Call::new(Method::POST, "/v1/providers/gw-b/receipts", 202).with_body(
             json!({"provider_id": "8", "status": "DELIVRD", "timestamp": 1_700_000_000}),
         ),
+        Call::new(Method::POST, "/v1/providers/gw-b/receipts/batch", 202).with_body(json!([
+            {"provider_id": "9", "status": "DELIVRD", "timestamp": 1_700_000_000}
+        ])),
         Call::new(Method::GET, "/v1/dead", 200),
         Call::new(Method::POST, format!("/v1/dead/{dead_id}/redrive"), 202),
         Call::new(Method::GET, "/v1/parking", 200),
@@ -186,8 +189,9 @@ async fn api_keys_guard_every_route_and_a_refused_request_writes_nothing() {
         1 + 3 + 1,
         "their QUEUED events and the re-drive's RETRYING"
     );
-    // Seed: message and receipt; then three messages, a receipt, and the replay's job.
-    assert_eq!(outbox_rows, 2 + 3 + 1 + 1);
+    // Seed: message and receipt; then three messages, a receipt, a batch of one receipt, and
+    // the replay's job.
+    assert_eq!(outbox_rows, 2 + 3 + 1 + 1 + 1);
     let states: (String, Option<String>) = sqlx::query_as(
         "SELECT (SELECT status FROM outbox WHERE id = $1),
                 (SELECT replayed_at::text FROM parking WHERE id = $2)",

@@ -5,6 +5,7 @@ mod accept;
 mod auth;
 mod errors;
 mod outcome;
+mod receipts;
 
 use herald_api::{ApiState, Limits};
 use herald_core::PartitionCount;

@@ -39,6 +39,7 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
         callback_token: args.callback_token.clone(),
         receipts: ReceiptRates {
             delay: args.receipt_delay,
+            post_batch: args.receipt_batch,
             enroute_rate: args.enroute_rate,
             silent_rate: args.silent_rate,
             unknown_status_rate: args.unknown_status_rate,

@@ -78,7 +78,10 @@ fn help_never_prints_a_secret_from_the_environment() {
             .unwrap();
         assert!(out.status.success(), "{role} --help failed");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(!text.contains("pw-"), "{role} --help shows a secret:\n{text}");
+        assert!(
+            !text.contains("pw-"),
+            "{role} --help shows a secret:\n{text}"
+        );
     }
 }
 
