@@ -57,8 +57,9 @@ pub struct ApiState {
     pub wakeups: Wakeups,
     /// Single-message accepts, group-committed: concurrent requests share a transaction.
     pub messages: GroupCommit<NewMessage, Result<Accepted, KeyReused>>,
-    /// Receipts, group-committed likewise.
-    pub receipts: GroupCommit<NewReceipt, i64>,
+    /// Receipts, group-committed likewise: a request is one HTTP request's receipts (one for
+    /// the single endpoint, an array's for the batch endpoint), answered with their ids.
+    pub receipts: GroupCommit<Vec<NewReceipt>, Vec<i64>>,
 }
 
 /// How concurrent accepts share transactions. Chosen with `herald-loadtest accept` (32
@@ -93,9 +94,9 @@ impl ApiState {
             receipts: GroupCommit::spawn(
                 "receipts",
                 group,
-                move |receipts: Arc<Vec<NewReceipt>>| {
+                move |requests: Arc<Vec<Vec<NewReceipt>>>| {
                     let pool = receipts_pool.clone();
-                    async move { accept_receipts(&pool, &receipts).await }
+                    async move { accept_receipt_requests(&pool, &requests).await }
                 },
             ),
             pool,
@@ -104,6 +105,20 @@ impl ApiState {
             api_keys: Arc::new(api_keys.into_iter().filter(|k| !k.is_empty()).collect()),
         }
     }
+}
+
+/// Writes every request's receipts in one statement (all or nothing for the group, so for each
+/// request) and hands each request its ids, in order.
+async fn accept_receipt_requests(
+    pool: &PgPool,
+    requests: &[Vec<NewReceipt>],
+) -> Result<Vec<Vec<i64>>, herald_store::StoreError> {
+    let all: Vec<NewReceipt> = requests.iter().flatten().cloned().collect();
+    let mut ids = accept_receipts(pool, &all).await?.into_iter();
+    Ok(requests
+        .iter()
+        .map(|request| ids.by_ref().take(request.len()).collect())
+        .collect())
 }
 
 /// The `/v1` routes. The binary merges the health and metrics routes next to them.

@@ -74,11 +74,20 @@ pub(crate) async fn accept_receipt(
     };
     // Concurrent receipts share one transaction (group commit); each is answered after the
     // commit that holds it.
-    match state.receipts.write(receipt).await {
-        Ok(id) => {
+    match state
+        .receipts
+        .write(vec![receipt])
+        .await
+        .map(|ids| ids.first().copied())
+    {
+        Ok(Some(id)) => {
             state.wakeups.wake([partition]);
             metrics::counter!(RECEIPTS).increment(1);
             (StatusCode::ACCEPTED, Json(json!({ "receipt_id": id }))).into_response()
+        }
+        Ok(None) => {
+            tracing::error!("storing a receipt answered no id");
+            reject(Problem::unavailable())
         }
         Err(err) => {
             tracing::error!(error = %err, "storing a receipt failed");
@@ -141,14 +150,18 @@ pub(crate) async fn accept_receipt_batch(
             }
         })
         .collect();
-    match herald_store::receipts::accept_receipts(&state.pool, &receipts).await {
+    let partitions: Vec<u32> = receipts.iter().map(|r| r.partition).collect();
+    let count = receipts.len();
+    // The batch's receipts share a transaction with concurrent receipt requests, all of the
+    // batch in the same one.
+    match state.receipts.write(receipts).await {
         Ok(ids) => {
-            state.wakeups.wake(receipts.iter().map(|r| r.partition));
+            state.wakeups.wake(partitions);
             metrics::counter!(RECEIPTS).increment(ids.len() as u64);
             (StatusCode::ACCEPTED, Json(json!({ "receipt_ids": ids }))).into_response()
         }
         Err(err) => {
-            tracing::error!(error = %err, %gateway, receipts = receipts.len(), "storing a batch of receipts failed");
+            tracing::error!(error = %err, %gateway, receipts = count, "storing a batch of receipts failed");
             reject(Problem::write_failed(&err))
         }
     }
@@ -170,7 +183,11 @@ async fn unsplittable(
         content_type,
         partition,
     };
-    match state.receipts.write(receipt).await {
+    match state.receipts.write(vec![receipt]).await.and_then(|ids| {
+        ids.first()
+            .copied()
+            .ok_or_else(|| herald_store::StoreError::Corrupt("no receipt id".to_owned()))
+    }) {
         Ok(id) => {
             state.wakeups.wake([partition]);
             metrics::counter!(RECEIPTS).increment(1);
