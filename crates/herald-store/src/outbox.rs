@@ -109,15 +109,25 @@ pub async fn claim_pending_of(
 }
 
 /// Marks published rows PUBLISHED. Rows a worker already finished (DONE) are left alone.
-/// Returns how many rows changed.
+/// Returns how many rows changed. The rows are locked in id order first, the order every
+/// batched statement on the outbox locks in (the worker's confirm, the receipts' apply):
+/// locked in whatever order the plan visits them, a mark and a confirm of the same rows
+/// deadlocked, and the loser's whole batch waited a minute to be reclaimed.
 pub async fn mark_published(pool: &PgPool, fence: Fence, ids: &[i64]) -> Result<u64, StoreError> {
     let done = measured(
         Operation::Mark,
         sqlx::query(
-            "UPDATE outbox SET status = 'PUBLISHED'
-             WHERE partition = $1 AND id = ANY($3) AND status = 'PROCESSING'
-               AND EXISTS (SELECT 1 FROM partition_leases l
-                           WHERE l.partition = $1 AND l.epoch = $2)",
+            "WITH locked AS (
+                 SELECT id FROM outbox
+                 WHERE partition = $1 AND id = ANY($3) AND status = 'PROCESSING'
+                   AND EXISTS (SELECT 1 FROM partition_leases l
+                               WHERE l.partition = $1 AND l.epoch = $2)
+                 ORDER BY id
+                 FOR UPDATE
+             )
+             UPDATE outbox o SET status = 'PUBLISHED'
+             FROM locked l
+             WHERE o.partition = $1 AND o.id = l.id AND o.status = 'PROCESSING'",
         )
         .bind(fence.partition as i32)
         .bind(fence.epoch)
@@ -139,11 +149,18 @@ pub async fn release_unpublished(
     let done = measured(
         Operation::Release,
         sqlx::query(
-            "UPDATE outbox SET status = 'PENDING', claimed_at = NULL,
-                               attempts = greatest(attempts - 1, 0)
-             WHERE partition = $1 AND id = ANY($3) AND status = 'PROCESSING'
-               AND EXISTS (SELECT 1 FROM partition_leases l
-                           WHERE l.partition = $1 AND l.epoch = $2)",
+            "WITH locked AS (
+                 SELECT id FROM outbox
+                 WHERE partition = $1 AND id = ANY($3) AND status = 'PROCESSING'
+                   AND EXISTS (SELECT 1 FROM partition_leases l
+                               WHERE l.partition = $1 AND l.epoch = $2)
+                 ORDER BY id
+                 FOR UPDATE
+             )
+             UPDATE outbox o SET status = 'PENDING', claimed_at = NULL,
+                                 attempts = greatest(o.attempts - 1, 0)
+             FROM locked l
+             WHERE o.partition = $1 AND o.id = l.id AND o.status = 'PROCESSING'",
         )
         .bind(fence.partition as i32)
         .bind(fence.epoch)
