@@ -41,6 +41,32 @@ fn check_gateway(gateway: &str) -> Result<(), Problem> {
     .with_field("gateway"))
 }
 
+/// What both receipt endpoints check first: the gateway name, and a body within the limit
+/// that is not empty. Answers the body and its content type.
+async fn receipt_request(
+    state: &ApiState,
+    gateway: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(axum::body::Bytes, Option<String>), Problem> {
+    check_gateway(gateway)?;
+    let limit = state.limits.max_body_bytes;
+    let raw = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| Problem::too_large(limit))?;
+    if raw.is_empty() {
+        return Err(Problem::invalid_field(
+            "body",
+            "a receipt body must not be empty",
+        ));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok((raw, content_type))
+}
+
 /// `POST /v1/providers/{gateway}/receipts`: stores the body byte for byte with a `status` job
 /// and answers 202 only after the commit. Nothing is mapped or dropped here.
 pub(crate) async fn accept_receipt(
@@ -49,27 +75,15 @@ pub(crate) async fn accept_receipt(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(problem) = check_gateway(&gateway) {
-        return reject(problem);
-    }
-    let limit = state.limits.max_body_bytes;
-    let Ok(raw) = axum::body::to_bytes(body, limit).await else {
-        return reject(Problem::too_large(limit));
+    let (raw, content_type) = match receipt_request(&state, &gateway, &headers, body).await {
+        Ok(request) => request,
+        Err(problem) => return reject(problem),
     };
-    if raw.is_empty() {
-        return reject(Problem::invalid_field(
-            "body",
-            "a receipt body must not be empty",
-        ));
-    }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
     let partition = receipt_partition(&gateway, &raw, state.partitions);
     let receipt = NewReceipt {
         gateway,
         raw: raw.to_vec(),
-        content_type: content_type.map(str::to_owned),
+        content_type,
         partition,
     };
     // Concurrent receipts share one transaction (group commit); each is answered after the
@@ -107,23 +121,10 @@ pub(crate) async fn accept_receipt_batch(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if let Err(problem) = check_gateway(&gateway) {
-        return reject(problem);
-    }
-    let limit = state.limits.max_body_bytes;
-    let Ok(raw) = axum::body::to_bytes(body, limit).await else {
-        return reject(Problem::too_large(limit));
+    let (raw, content_type) = match receipt_request(&state, &gateway, &headers, body).await {
+        Ok(request) => request,
+        Err(problem) => return reject(problem),
     };
-    if raw.is_empty() {
-        return reject(Problem::invalid_field(
-            "body",
-            "a receipt batch must not be empty",
-        ));
-    }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
     let items: Vec<Box<serde_json::value::RawValue>> = match serde_json::from_slice(&raw) {
         Ok(items) => items,
         Err(err) => return unsplittable(&state, gateway, &raw, content_type, err).await,
