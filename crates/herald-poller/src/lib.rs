@@ -16,7 +16,9 @@ use herald_core::job::Job;
 use herald_core::{Fence, JobType};
 use herald_queue::monitor::MonitoredStore;
 use herald_store::accept::OUTBOX_CHANNEL;
+use herald_store::group::{GroupCommit, GroupSettings};
 use herald_store::outbox::{claim_pending_of, mark_published, redrive_stale, release_unpublished};
+use herald_store::StoreError;
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -72,6 +74,16 @@ pub struct Poller {
     settings: PollerSettings,
     /// Bounds publishes over all partitions when `publish_concurrency` is set.
     publish_slots: Option<Arc<Semaphore>>,
+    /// Drains every partition that asks at about the same time in one claim, one publish per
+    /// store and one mark (none with `publish_concurrency` set: the starting point's shape).
+    drainer: Option<GroupCommit<DrainRequest, Result<Drained, StoreError>>>,
+}
+
+/// A partition task asking for one round of claim, publish and mark.
+#[derive(Clone)]
+struct DrainRequest {
+    fence: Fence,
+    open: Vec<JobType>,
 }
 
 /// How one drain of a partition ended.
@@ -97,12 +109,42 @@ impl Poller {
     ) -> Self {
         let publish_slots = (settings.publish_concurrency > 0)
             .then(|| Arc::new(Semaphore::new(settings.publish_concurrency)));
+        let stores = Arc::new(stores);
+        let drainer = (settings.publish_concurrency == 0).then(|| {
+            let (pool, stores, batch) = (pool.clone(), stores.clone(), settings.batch_size);
+            GroupCommit::spawn(
+                "drain",
+                GroupSettings {
+                    max_group: 4096,
+                    parallel: 2,
+                },
+                move |requests: Arc<Vec<DrainRequest>>| {
+                    let (pool, stores) = (pool.clone(), stores.clone());
+                    async move { drain_together(&pool, &stores, batch, &requests).await }
+                },
+            )
+        });
         Self {
             pool,
-            stores: Arc::new(stores),
+            stores,
             settings,
             publish_slots,
+            drainer,
         }
+    }
+
+    /// One round for one partition: through the shared drainer (every partition asking at
+    /// about the same time in one claim, one publish per store and one mark), or on its own in
+    /// the starting point's shape.
+    async fn drain_round(&self, fence: Fence) -> anyhow::Result<Drained> {
+        let Some(drainer) = &self.drainer else {
+            return self.drain(fence).await;
+        };
+        let open = self.open_job_types(fence.partition);
+        if open.is_empty() {
+            return Ok(Drained::Paused);
+        }
+        Ok(drainer.write(DrainRequest { fence, open }).await??)
     }
 
     /// Runs until `cancel` with a fixed set of fences (one poller, no coordinator): one task
@@ -164,7 +206,7 @@ impl Poller {
                 next_redrive = tokio::time::Instant::now() + self.settings.redrive_interval;
                 self.redrive(fence).await;
             }
-            let outcome = match self.drain(fence).await {
+            let outcome = match self.drain_round(fence).await {
                 Ok(outcome) => outcome,
                 Err(err) => {
                     if let Some(herald_store::StoreError::Fenced { .. }) = err.downcast_ref() {
@@ -299,6 +341,107 @@ impl Poller {
         count_redriven(fence, "stale_claim", stale_claims);
         ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
     }
+}
+
+/// The shard of `job_type` that `partition` publishes to.
+fn shard_of(
+    stores: &HashMap<JobType, Vec<MonitoredStore>>,
+    job_type: JobType,
+    partition: u32,
+) -> Option<(usize, &MonitoredStore)> {
+    let shards = stores.get(&job_type).filter(|shards| !shards.is_empty())?;
+    let index = partition as usize % shards.len();
+    Some((index, &shards[index]))
+}
+
+/// One round for many partitions: one claim statement for all of them, one pipelined publish
+/// per queue store, one mark statement for everything published. A store that refuses its
+/// publish gets its jobs' rows released (attempt given back) and their partitions back off;
+/// the other stores' jobs are marked as usual. Answers each request's outcome, in order.
+async fn drain_together(
+    pool: &PgPool,
+    stores: &HashMap<JobType, Vec<MonitoredStore>>,
+    batch_size: u32,
+    requests: &[DrainRequest],
+) -> Result<Vec<Result<Drained, StoreError>>, StoreError> {
+    let asked: Vec<(Fence, Vec<JobType>)> =
+        requests.iter().map(|r| (r.fence, r.open.clone())).collect();
+    // A failed claim changed nothing: the group may be tried again request by request.
+    let claimed = herald_store::outbox::claim_pending_many(pool, &asked, batch_size).await?;
+    let mut by_store: HashMap<(JobType, usize), Vec<Job>> = HashMap::new();
+    let mut fence_of: HashMap<u32, Fence> = HashMap::new();
+    for (request, jobs) in requests.iter().zip(&claimed) {
+        let Ok(jobs) = jobs else { continue };
+        fence_of.insert(request.fence.partition, request.fence);
+        ::metrics::counter!(m::CLAIMED).increment(jobs.len() as u64);
+        for job in jobs {
+            match shard_of(stores, job.job_type, job.partition) {
+                Some((index, _)) => by_store
+                    .entry((job.job_type, index))
+                    .or_default()
+                    .push(job.clone()),
+                None => {
+                    tracing::error!(job_type = %job.job_type, "no queue store configured for a claimed job; the re-drive returns it")
+                }
+            }
+        }
+    }
+    let mut failed_partitions = std::collections::HashSet::new();
+    let mut published: Vec<(Fence, i64)> = Vec::new();
+    for ((job_type, index), jobs) in by_store {
+        let store = &stores[&job_type][index];
+        match store.store.publish(&jobs).await {
+            Ok(_) => {
+                ::metrics::counter!(m::PUBLISHED, "job_type" => job_type.as_str())
+                    .increment(jobs.len() as u64);
+                published.extend(jobs.iter().map(|j| (fence_of[&j.partition], j.outbox_id)));
+            }
+            Err(err) => {
+                store.refresh().await;
+                let reason = if format!("{err:#}").contains("OOM") {
+                    "oom"
+                } else {
+                    "error"
+                };
+                ::metrics::counter!(m::PUBLISH_FAILURES, "reason" => reason).increment(1);
+                tracing::warn!(jobs = jobs.len(), error = %err,
+                    "publish failed; returning the jobs to PENDING");
+                let mut by_partition: HashMap<u32, Vec<i64>> = HashMap::new();
+                for job in &jobs {
+                    by_partition
+                        .entry(job.partition)
+                        .or_default()
+                        .push(job.outbox_id);
+                }
+                for (partition, ids) in by_partition {
+                    failed_partitions.insert(partition);
+                    if let Err(err) = release_unpublished(pool, fence_of[&partition], &ids).await {
+                        tracing::warn!(partition, error = %err,
+                            "releasing unpublished rows failed; the re-drive returns them");
+                    }
+                }
+            }
+        }
+    }
+    // Published already: a failure now must not send the group round again.
+    let marked = herald_store::outbox::mark_published_many(pool, &published)
+        .await
+        .map_err(|err| StoreError::GroupWrite(err.to_string()))?;
+    ::metrics::counter!(m::MARKED).increment(marked);
+    Ok(requests
+        .iter()
+        .zip(claimed)
+        .map(|(request, jobs)| {
+            let jobs = jobs?;
+            Ok(if failed_partitions.contains(&request.fence.partition) {
+                Drained::PublishFailed
+            } else if jobs.len() < batch_size as usize {
+                Drained::Empty
+            } else {
+                Drained::MoreWork
+            })
+        })
+        .collect())
 }
 
 /// Logs and counts what one re-drive pass (`stage`) moved.

@@ -108,6 +108,166 @@ pub async fn claim_pending_of(
     Ok(jobs)
 }
 
+#[derive(sqlx::FromRow)]
+struct ClaimedManyRow {
+    ord: i64,
+    held: bool,
+    partition: Option<i32>,
+    id: Option<i64>,
+    job_type: Option<String>,
+    message_id: Option<Uuid>,
+    payload: Option<Json<Value>>,
+    attempts: Option<i32>,
+}
+
+/// [`claim_pending_of`] for many partitions in one statement: up to `limit` due PENDING rows
+/// of each fence's partition, of the job types open for it. Answers, in input order, the jobs
+/// claimed for each fence, or `Err(Fenced)` for a fence that no longer holds (nothing of its
+/// partition was claimed).
+pub async fn claim_pending_many(
+    pool: &PgPool,
+    requests: &[(Fence, Vec<JobType>)],
+    limit: u32,
+) -> Result<Vec<Result<Vec<Job>, StoreError>>, StoreError> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let partitions: Vec<i32> = requests.iter().map(|(f, _)| f.partition as i32).collect();
+    let epochs: Vec<i64> = requests.iter().map(|(f, _)| f.epoch).collect();
+    let open: Vec<String> = requests
+        .iter()
+        .map(|(_, types)| {
+            types
+                .iter()
+                .map(|t| t.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
+    let rows: Vec<ClaimedManyRow> = measured(
+        Operation::Claim,
+        sqlx::query_as(
+            "WITH input AS (
+                 SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::text[]) WITH ORDINALITY
+                     AS t(partition, epoch, open, ord)
+             ), fences AS (
+                 SELECT i.ord, i.partition, i.epoch, string_to_array(i.open, ',') AS open,
+                        EXISTS (SELECT 1 FROM partition_leases l
+                                WHERE l.partition = i.partition AND l.epoch = i.epoch) AS held
+                 FROM input i
+             ), candidates AS (
+                 SELECT f.ord, c.partition, c.id
+                 FROM fences f
+                 CROSS JOIN LATERAL (
+                     SELECT o.partition, o.id FROM outbox o
+                     WHERE o.partition = f.partition AND o.status = 'PENDING'
+                       AND o.available_at <= now() AND o.job_type = ANY(f.open)
+                     ORDER BY o.id
+                     LIMIT $4
+                     FOR UPDATE SKIP LOCKED
+                 ) c
+                 WHERE f.held
+             ), claimed AS (
+                 UPDATE outbox o
+                 SET status = 'PROCESSING', claimed_at = now(), attempts = o.attempts + 1,
+                     claimed_epoch = f.epoch
+                 FROM candidates c JOIN fences f ON f.ord = c.ord
+                 WHERE o.partition = c.partition AND o.id = c.id
+                 RETURNING f.ord, o.partition, o.id, o.job_type, o.message_id, o.payload,
+                           o.attempts
+             )
+             SELECT f.ord, f.held, c.partition, c.id, c.job_type, c.message_id, c.payload,
+                    c.attempts
+             FROM fences f LEFT JOIN claimed c ON c.ord = f.ord",
+        )
+        .bind(&partitions)
+        .bind(&epochs)
+        .bind(&open)
+        .bind(i64::from(limit))
+        .fetch_all(pool),
+    )
+    .await?;
+    let mut answers: Vec<Result<Vec<Job>, StoreError>> =
+        requests.iter().map(|_| Ok(Vec::new())).collect();
+    for row in rows {
+        let Some(slot) = answers.get_mut((row.ord - 1) as usize) else {
+            continue;
+        };
+        let (fence, _) = requests[(row.ord - 1) as usize];
+        if !row.held {
+            *slot = Err(StoreError::Fenced {
+                partition: fence.partition,
+                epoch: fence.epoch,
+            });
+            continue;
+        }
+        let (Some(partition), Some(id), Some(job_type), Some(Json(payload)), Some(attempts)) = (
+            row.partition,
+            row.id,
+            row.job_type,
+            row.payload,
+            row.attempts,
+        ) else {
+            continue; // the fence row alone: nothing was due
+        };
+        let job_type = job_type
+            .parse()
+            .map_err(|err: herald_core::job::UnknownJobType| {
+                StoreError::Corrupt(err.to_string())
+            })?;
+        if let Ok(jobs) = slot {
+            jobs.push(Job {
+                outbox_id: id,
+                partition: partition as u32,
+                job_type,
+                message_id: row.message_id,
+                attempt: attempts,
+                payload,
+            });
+        }
+    }
+    for jobs in answers.iter_mut().flatten() {
+        jobs.sort_by_key(|job| job.outbox_id);
+    }
+    Ok(answers)
+}
+
+/// [`mark_published`] for rows of many partitions, each with its fence, in one statement;
+/// rows locked in (partition, id) order. Returns how many rows changed.
+pub async fn mark_published_many(pool: &PgPool, rows: &[(Fence, i64)]) -> Result<u64, StoreError> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let partitions: Vec<i32> = rows.iter().map(|(f, _)| f.partition as i32).collect();
+    let epochs: Vec<i64> = rows.iter().map(|(f, _)| f.epoch).collect();
+    let ids: Vec<i64> = rows.iter().map(|(_, id)| *id).collect();
+    let done = measured(
+        Operation::Mark,
+        sqlx::query(
+            "WITH input AS (
+                 SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::bigint[])
+                     AS t(partition, epoch, id)
+             ), locked AS (
+                 SELECT o.partition, o.id FROM outbox o
+                 JOIN input i ON o.partition = i.partition AND o.id = i.id
+                 JOIN partition_leases l ON l.partition = i.partition AND l.epoch = i.epoch
+                 WHERE o.status = 'PROCESSING'
+                 ORDER BY o.partition, o.id
+                 FOR UPDATE OF o
+             )
+             UPDATE outbox o SET status = 'PUBLISHED'
+             FROM locked l
+             WHERE o.partition = l.partition AND o.id = l.id AND o.status = 'PROCESSING'",
+        )
+        .bind(&partitions)
+        .bind(&epochs)
+        .bind(&ids)
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// Marks published rows PUBLISHED. Rows a worker already finished (DONE) are left alone.
 /// Returns how many rows changed. The rows are locked in id order first, the order every
 /// batched statement on the outbox locks in (the worker's confirm, the receipts' apply):

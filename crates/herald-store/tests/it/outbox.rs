@@ -301,3 +301,83 @@ async fn r2_two_claimers_of_one_partition_get_disjoint_rows() {
         5000
     );
 }
+
+/// One statement claims for many partitions: each fence gets at most `limit` of its own rows,
+/// of the job types open for it; a fence that no longer holds claims nothing and says so.
+#[tokio::test]
+async fn one_claim_serves_many_partitions_each_behind_its_own_fence() {
+    let (_pg, pool) = migrated(4).await;
+    sqlx::query(
+        "INSERT INTO outbox (partition, job_type)
+         SELECT p, CASE WHEN g % 2 = 0 THEN 'send' ELSE 'status' END
+         FROM generate_series(0, 3) p, generate_series(1, 10) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let fences: Vec<_> = futures::future::join_all((0..4).map(|p| take_over(&pool, p, "many")))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // Partition 3 changes hands: the old fence must claim nothing there.
+    take_over(&pool, 3, "newer").await.unwrap();
+    use herald_core::JobType;
+    let requests = vec![
+        (fences[0], vec![JobType::Send, JobType::Status]),
+        (fences[1], vec![JobType::Send]),
+        (fences[2], vec![JobType::Status, JobType::Send]),
+        (fences[3], vec![JobType::Send, JobType::Status]),
+    ];
+    let answers = herald_store::outbox::claim_pending_many(&pool, &requests, 4)
+        .await
+        .unwrap();
+    let jobs = |i: usize| answers[i].as_ref().unwrap();
+    assert_eq!(jobs(0).len(), 4);
+    assert!(jobs(0).iter().all(|j| j.partition == 0));
+    assert!(jobs(0).windows(2).all(|w| w[0].outbox_id < w[1].outbox_id));
+    assert_eq!(jobs(1).len(), 4);
+    assert!(jobs(1)
+        .iter()
+        .all(|j| j.partition == 1 && j.job_type == JobType::Send));
+    assert_eq!(jobs(2).len(), 4);
+    assert!(matches!(
+        answers[3],
+        Err(StoreError::Fenced { partition: 3, .. })
+    ));
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE partition = 3 AND status <> 'PENDING'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'PROCESSING' AND attempts = 1"
+        )
+        .await,
+        12
+    );
+    // Marking many: every claimed row of a held fence, none of a fenced one.
+    let mut rows: Vec<_> = (0..3)
+        .flat_map(|i| {
+            let fence = fences[i];
+            jobs(i).iter().map(move |j| (fence, j.outbox_id))
+        })
+        .collect();
+    rows.reverse(); // any order in, locked in (partition, id) order
+    let marked = herald_store::outbox::mark_published_many(&pool, &rows)
+        .await
+        .unwrap();
+    assert_eq!(marked, 12);
+    let stale = [(fences[3], 1_i64)];
+    assert_eq!(
+        herald_store::outbox::mark_published_many(&pool, &stale)
+            .await
+            .unwrap(),
+        0
+    );
+}
