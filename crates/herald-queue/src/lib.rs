@@ -172,6 +172,19 @@ impl QueueStore {
         match created {
             Ok(_) => Ok(()),
             Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
+            // A store past maxmemory refuses XGROUP CREATE even when the group exists, and only
+            // reading the stream can free it: ask with a read-only command instead.
+            Err(err) if format!("{err}").contains("OOM") => {
+                let exists: Result<redis::Value, redis::RedisError> = redis::cmd("XPENDING")
+                    .arg(&self.stream)
+                    .arg(&self.group)
+                    .query_async(&mut conn)
+                    .await;
+                match exists {
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(err.into()),
+                }
+            }
             Err(err) => Err(err.into()),
         }
     }

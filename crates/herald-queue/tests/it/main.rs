@@ -145,6 +145,8 @@ async fn a_store_past_maxmemory_refuses_a_publish_with_an_oom_error() {
     .await
     .expect("redis");
     let store = store(&redis);
+    // The workers' group exists before the store fills, as in a running deployment.
+    store.ensure_group().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut accepted_batches = 0;
     let err = loop {
@@ -182,5 +184,19 @@ async fn a_store_past_maxmemory_refuses_a_publish_with_an_oom_error() {
         stream_length(&redis, &store).await,
         accepted_batches as u64 * 500 + (500 - refused.len() as u64),
         "the stream holds every accepted batch and the failed batch's entries before the refusal"
+    );
+    // A worker (re)starting now must still get to read the full stream: XGROUP CREATE is
+    // refused past maxmemory even for a group that exists, so the existing group is found.
+    store.ensure_group().await.expect("the group exists");
+    let other = QueueStore::new(&StoreSettings {
+        url: redis.url(),
+        job_type: JobType::Status,
+        shard: 0,
+        max_connections: 1,
+    })
+    .expect("pool");
+    assert!(
+        other.ensure_group().await.is_err(),
+        "a group that does not exist cannot be created past maxmemory"
     );
 }
