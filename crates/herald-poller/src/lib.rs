@@ -114,8 +114,10 @@ impl Poller {
             let (pool, stores, batch) = (pool.clone(), stores.clone(), settings.batch_size);
             GroupCommit::spawn(
                 "drain",
+                // At most 32 partitions (32 × --batch-size jobs) per round, so one publish
+                // pipeline stays a few megabytes.
                 GroupSettings {
-                    max_group: 4096,
+                    max_group: 32,
                     parallel: 2,
                 },
                 move |requests: Arc<Vec<DrainRequest>>| {
