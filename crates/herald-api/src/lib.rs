@@ -113,7 +113,7 @@ async fn accept_receipt_requests(
     pool: &PgPool,
     requests: &[Vec<NewReceipt>],
 ) -> Result<Vec<Vec<i64>>, herald_store::StoreError> {
-    let all: Vec<NewReceipt> = requests.iter().flatten().cloned().collect();
+    let all: Vec<&NewReceipt> = requests.iter().flatten().collect();
     let mut ids = accept_receipts(pool, &all).await?.into_iter();
     Ok(requests
         .iter()

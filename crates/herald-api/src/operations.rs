@@ -79,35 +79,44 @@ pub(crate) async fn accept_receipt(
         Ok(request) => request,
         Err(problem) => return reject(problem),
     };
-    let partition = receipt_partition(&gateway, &raw, state.partitions);
+    // Concurrent receipts share one transaction (group commit); each is answered after the
+    // commit that holds it.
+    match store_one(&state, gateway, &raw, content_type).await {
+        Ok(id) => (StatusCode::ACCEPTED, Json(json!({ "receipt_id": id }))).into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "storing a receipt failed");
+            reject(Problem::write_failed(&err))
+        }
+    }
+}
+
+/// Stores one raw body as one receipt through the group committer, wakes its partition and
+/// counts it; answers its id after the commit.
+async fn store_one(
+    state: &ApiState,
+    gateway: String,
+    raw: &[u8],
+    content_type: Option<String>,
+) -> Result<i64, herald_store::StoreError> {
+    let partition = receipt_partition(&gateway, raw, state.partitions);
     let receipt = NewReceipt {
         gateway,
         raw: raw.to_vec(),
         content_type,
         partition,
     };
-    // Concurrent receipts share one transaction (group commit); each is answered after the
-    // commit that holds it.
-    match state
+    let id = state
         .receipts
         .write(vec![receipt])
-        .await
-        .map(|ids| ids.first().copied())
-    {
-        Ok(Some(id)) => {
-            state.wakeups.wake([partition]);
-            metrics::counter!(RECEIPTS).increment(1);
-            (StatusCode::ACCEPTED, Json(json!({ "receipt_id": id }))).into_response()
-        }
-        Ok(None) => {
-            tracing::error!("storing a receipt answered no id");
-            reject(Problem::unavailable())
-        }
-        Err(err) => {
-            tracing::error!(error = %err, "storing a receipt failed");
-            reject(Problem::write_failed(&err))
-        }
-    }
+        .await?
+        .first()
+        .copied()
+        .ok_or_else(|| {
+            herald_store::StoreError::Corrupt("storing a receipt answered no id".into())
+        })?;
+    state.wakeups.wake([partition]);
+    metrics::counter!(RECEIPTS).increment(1);
+    Ok(id)
 }
 
 /// `POST /v1/providers/{gateway}/receipts/batch`: a JSON array of receipts, for gateways that
@@ -177,21 +186,8 @@ async fn unsplittable(
     content_type: Option<String>,
     err: serde_json::Error,
 ) -> Response {
-    let partition = receipt_partition(&gateway, raw, state.partitions);
-    let receipt = NewReceipt {
-        gateway: gateway.clone(),
-        raw: raw.to_vec(),
-        content_type,
-        partition,
-    };
-    match state.receipts.write(vec![receipt]).await.and_then(|ids| {
-        ids.first()
-            .copied()
-            .ok_or_else(|| herald_store::StoreError::Corrupt("no receipt id".to_owned()))
-    }) {
+    match store_one(state, gateway.clone(), raw, content_type).await {
         Ok(id) => {
-            state.wakeups.wake([partition]);
-            metrics::counter!(RECEIPTS).increment(1);
             tracing::warn!(%gateway, receipt_id = id, error = %err,
                 "a receipt batch is not a JSON array; stored whole to be parked with its raw body");
             reject(Problem::new(

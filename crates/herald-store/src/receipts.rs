@@ -1,5 +1,6 @@
 //! Delivery receipts (the `status` job type) and the parking table (rules R6, R7).
 
+use std::borrow::Borrow;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -46,13 +47,14 @@ pub async fn accept_receipt(
 /// Stores many receipts, each with its `status` outbox row, in one statement (one
 /// transaction); answers their ids in input order. Status jobs are queued in input order, so
 /// receipts of one message keep the order they came in.
-pub async fn accept_receipts(
+pub async fn accept_receipts<R: std::borrow::Borrow<NewReceipt>>(
     pool: &PgPool,
-    receipts: &[NewReceipt],
+    receipts: &[R],
 ) -> Result<Vec<i64>, StoreError> {
     if receipts.is_empty() {
         return Ok(Vec::new());
     }
+    let receipts: Vec<&NewReceipt> = receipts.iter().map(Borrow::borrow).collect();
     measured(Operation::Accept, async {
         let mut conn = pool.acquire().await?;
         let ids: Vec<i64> = sqlx::query_scalar(
