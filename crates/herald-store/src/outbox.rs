@@ -16,16 +16,6 @@ use crate::StoreError;
 
 pub use herald_core::Fence;
 
-#[derive(sqlx::FromRow)]
-struct ClaimedRow {
-    held: i64,
-    id: Option<i64>,
-    job_type: Option<String>,
-    message_id: Option<Uuid>,
-    payload: Option<Json<Value>>,
-    attempts: Option<i32>,
-}
-
 /// Claims up to `limit` PENDING rows that are due, oldest first, skipping rows another
 /// transaction holds. Claimed rows become PROCESSING with `claimed_at` set and `attempts`
 /// incremented. Fails with [`StoreError::Fenced`] (and claims nothing) when the fence's epoch
@@ -46,70 +36,14 @@ pub async fn claim_pending_of(
     limit: u32,
     job_types: &[JobType],
 ) -> Result<Vec<Job>, StoreError> {
-    let job_types: Vec<&str> = job_types.iter().map(|t| t.as_str()).collect();
-    let rows: Vec<ClaimedRow> = measured(
-        Operation::Claim,
-        sqlx::query_as(
-            "WITH fence AS (
-                 SELECT count(*) AS held FROM partition_leases
-                 WHERE partition = $1 AND epoch = $2
-             ), claimed AS (
-                 UPDATE outbox o
-                 SET status = 'PROCESSING', claimed_at = now(), attempts = o.attempts + 1,
-                     claimed_epoch = $2
-                 WHERE o.partition = $1
-                   AND (SELECT held FROM fence) = 1
-                   AND o.id IN (SELECT id FROM outbox
-                                WHERE partition = $1 AND status = 'PENDING'
-                                  AND available_at <= now() AND job_type = ANY($4)
-                                ORDER BY id
-                                LIMIT $3
-                                FOR UPDATE SKIP LOCKED)
-                 RETURNING o.id, o.job_type, o.message_id, o.payload, o.attempts
-             )
-             SELECT f.held, c.id, c.job_type, c.message_id, c.payload, c.attempts
-             FROM fence f LEFT JOIN claimed c ON true",
-        )
-        .bind(fence.partition as i32)
-        .bind(fence.epoch)
-        .bind(i64::from(limit))
-        .bind(&job_types)
-        .fetch_all(pool),
-    )
-    .await?;
-    if rows.first().is_none_or(|row| row.held != 1) {
-        return Err(StoreError::Fenced {
-            partition: fence.partition,
-            epoch: fence.epoch,
-        });
-    }
-    let mut jobs = Vec::with_capacity(rows.len());
-    for row in rows {
-        let (Some(id), Some(job_type), Some(Json(payload)), Some(attempts)) =
-            (row.id, row.job_type, row.payload, row.attempts)
-        else {
-            continue; // the fence row alone: nothing was due
-        };
-        let job_type = job_type
-            .parse()
-            .map_err(|err: herald_core::job::UnknownJobType| {
-                StoreError::Corrupt(err.to_string())
-            })?;
-        jobs.push(Job {
-            outbox_id: id,
-            partition: fence.partition,
-            job_type,
-            message_id: row.message_id,
-            attempt: attempts,
-            payload,
-        });
-    }
-    jobs.sort_by_key(|job| job.outbox_id);
-    Ok(jobs)
+    claim_pending_many(pool, &[(fence, job_types.to_vec())], limit)
+        .await?
+        .pop()
+        .unwrap_or(Ok(Vec::new()))
 }
 
 #[derive(sqlx::FromRow)]
-struct ClaimedManyRow {
+struct ClaimedRow {
     ord: i64,
     held: bool,
     partition: Option<i32>,
@@ -120,8 +54,10 @@ struct ClaimedManyRow {
     attempts: Option<i32>,
 }
 
-/// [`claim_pending_of`] for many partitions in one statement: up to `limit` due PENDING rows
-/// of each fence's partition, of the job types open for it. Answers, in input order, the jobs
+/// The claim, for many partitions in one statement: up to `limit` due PENDING rows of each
+/// fence's partition (oldest first, skipping rows another transaction holds, through the
+/// partition's partial index), of the job types open for it; claimed rows become PROCESSING
+/// with `claimed_at` set and `attempts` incremented. Answers, in input order, the jobs
 /// claimed for each fence, or `Err(Fenced)` for a fence that no longer holds (nothing of its
 /// partition was claimed).
 pub async fn claim_pending_many(
@@ -144,7 +80,7 @@ pub async fn claim_pending_many(
                 .join(",")
         })
         .collect();
-    let rows: Vec<ClaimedManyRow> = measured(
+    let rows: Vec<ClaimedRow> = measured(
         Operation::Claim,
         sqlx::query_as(
             "WITH input AS (
