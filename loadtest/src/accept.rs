@@ -389,62 +389,12 @@ pub fn parse_tps(output: &str) -> Option<f64> {
         .ok()
 }
 
-/// CPU seconds (user + system) a process used so far; with `reaped`, also what its exited
-/// children used (the kernel adds a child's times to its parent's when the parent reaps it).
-fn cpu_s(pid: i32, reaped: bool) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime, stime, cutime, cstime are fields 14 to 17 of the line: 12 to 15 after the name
-    // and the state.
-    let range = if reaped { 11..15 } else { 11..13 };
-    let ticks: f64 = fields
-        .get(range)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
-        .unwrap_or(0.0);
-    ticks / clock_ticks_per_second()
-}
-
 fn process_cpu_s(pid: i32) -> f64 {
-    cpu_s(pid, false)
+    crate::cost::cpu_s(pid, false)
 }
 
-/// Linux reports process times in USER_HZ, which is 100 on every architecture it runs on.
-fn clock_ticks_per_second() -> f64 {
-    100.0
-}
-
-/// CPU seconds of a PostgreSQL server: its postmaster (from `postmaster.pid`), every process
-/// it started that still runs (backends, WAL writer, checkpointer, …) and every one it reaped
-/// (pgbench's backends, once pgbench disconnected).
 fn postgres_cpu_s(data_dir: &Path) -> f64 {
-    let Some(postmaster) = std::fs::read_to_string(data_dir.join("postmaster.pid"))
-        .ok()
-        .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
-    else {
-        return 0.0;
-    };
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0.0;
-    };
-    let children: f64 = entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| parent_of(*pid) == Some(postmaster))
-        .map(process_cpu_s)
-        .sum();
-    cpu_s(postmaster, true) + children
-}
-
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    crate::cost::postgres_cpu_s(data_dir)
 }
 
 #[cfg(test)]

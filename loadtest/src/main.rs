@@ -5,13 +5,18 @@
 //! provider once in effect, prints latencies and a per-stage breakdown, runs chaos steps from
 //! a scenario file, and writes a JSON report and an SVG plot. `compare` puts two reports side
 //! by side; `baseline` measures Herald's starting-point shape against its defaults;
-//! `bulkheads` is the receipt-flood benchmark.
+//! `bulkheads` is the receipt-flood benchmark; `accept`, `capacity`, `drain` and `idle`
+//! measure intake against pgbench, the sustained rate, a backlog's drain and an idle fleet.
 
 mod accept;
 mod baseline;
 mod breakdown;
 mod bulkheads;
+mod capacity;
 mod chaos;
+mod cost;
+mod drain;
+mod idle;
 mod latency;
 mod load;
 mod plot;
@@ -49,6 +54,17 @@ enum Command {
     /// Intake alone: single and batch accept against the API, and the accept statement through
     /// pgbench on the same database with the same connections; the ratio is the figure.
     Accept(Box<accept::AcceptArgs>),
+    /// The highest offered rate the whole deployment sustains (every message accepted and
+    /// delivered, nothing lost, doubled or DEAD, accept → ACCEPTED p99 under a limit), found
+    /// by raising the rate step by step on one deployment; with each step's cost per
+    /// delivered message (CPU per process, row writes, WAL). Exits 1 when no rate passed.
+    Capacity(Box<capacity::CapacityArgs>),
+    /// A backlog accepted with the pollers stopped, then drained by the fleet: messages
+    /// delivered per second until empty, the proof over all of them, and the cost.
+    Drain(Box<drain::DrainArgs>),
+    /// What a deployment with nothing to do costs: CPU share of every process, row writes
+    /// and WAL per second.
+    Idle(Box<idle::IdleArgs>),
 }
 
 #[tokio::main]
@@ -59,6 +75,9 @@ async fn main() {
         Command::Baseline(args) => baseline::main(*args).await,
         Command::Bulkheads(args) => bulkheads::run(args).await.map(|()| 0),
         Command::Accept(args) => accept::main(*args).await,
+        Command::Capacity(args) => capacity::main(*args).await,
+        Command::Drain(args) => drain::main(*args).await,
+        Command::Idle(args) => idle::main(*args).await,
     };
     match code {
         Ok(code) => std::process::exit(code),

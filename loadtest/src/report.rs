@@ -34,6 +34,10 @@ pub struct Report {
     pub chaos: Vec<StepRecord>,
     pub timeline: Vec<TimelineSecond>,
     pub ok: bool,
+    /// CPU per process, row writes and WAL per delivered message, from just before the load
+    /// to the end of the drain (absent in reports written before it was measured).
+    #[serde(default)]
+    pub cost: Option<crate::cost::Cost>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -246,6 +250,10 @@ impl Report {
                 ms(w.ms_per_message)
             ),
             None => println!("  no stage recorded any time"),
+        }
+        if let Some(cost) = &self.cost {
+            println!();
+            print!("{}", cost.render());
         }
     }
 

@@ -158,7 +158,7 @@ pub struct LocalArgs {
     pub api_flags: Vec<String>,
 }
 
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct TargetArgs {
     /// The API of a running deployment (without --local).
     #[arg(long)]
@@ -210,15 +210,37 @@ pub struct RunArgs {
 }
 
 /// Where the load goes and where the proof looks.
-struct Target {
-    api_url: String,
-    database_url: String,
-    sim_url: String,
-    sim_log: Option<PathBuf>,
-    metrics: Vec<(String, String)>,
-    deployment: Option<Arc<Mutex<LocalDeployment>>>,
-    label: String,
-    shape: Vec<String>,
+pub struct Target {
+    pub api_url: String,
+    pub database_url: String,
+    pub sim_url: String,
+    pub sim_log: Option<PathBuf>,
+    pub metrics: Vec<(String, String)>,
+    pub deployment: Option<Arc<Mutex<LocalDeployment>>>,
+    pub label: String,
+    pub shape: Vec<String>,
+}
+
+impl Target {
+    /// What [`cost`](crate::cost) measures here: every process of a local deployment and its
+    /// PostgreSQL; of a remote one, only the database's row writes and WAL.
+    pub async fn probe(&self, pool: &sqlx::PgPool) -> crate::cost::Probe {
+        let (processes, pg_data_dir) = match &self.deployment {
+            Some(deployment) => {
+                let deployment = deployment.lock().await;
+                (
+                    deployment.pids(),
+                    Some(deployment.pg.data_dir().to_path_buf()),
+                )
+            }
+            None => (Vec::new(), None),
+        };
+        crate::cost::Probe {
+            processes,
+            pg_data_dir,
+            pool: pool.clone(),
+        }
+    }
 }
 
 pub async fn main(args: RunArgs) -> anyhow::Result<i32> {
@@ -246,8 +268,18 @@ pub async fn run(
     output: &OutputArgs,
     scenario: Scenario,
 ) -> anyhow::Result<(Report, PathBuf)> {
-    let settings = load_args.settings()?;
     let target = target(local, target_args, &scenario).await?;
+    run_on(&target, load_args, output, scenario).await
+}
+
+/// One run against a deployment that is already there (a step of `capacity` shares one).
+pub async fn run_on(
+    target: &Target,
+    load_args: &LoadArgs,
+    output: &OutputArgs,
+    scenario: Scenario,
+) -> anyhow::Result<(Report, PathBuf)> {
+    let settings = load_args.settings()?;
     if let Some(deployment) = &target.deployment {
         let roles = deployment.lock().await.role_names();
         scenario.validate(&roles)?;
@@ -282,6 +314,8 @@ pub async fn run(
                 .unwrap_or_default()
         );
     }
+    let probe = target.probe(&pool).await;
+    let cost_before = probe.settled_sample().await?;
     let scraper = Scraper::start(target.metrics.clone(), Duration::from_secs(2)).await;
     let run_id = format!("lt-{}-{:x}", output.name, settings.seed);
     let started_wall = Utc::now();
@@ -333,6 +367,12 @@ pub async fn run(
             herald_store::verify::conclude(&pool, &gathered, &provider, load_args.expect.clone())
                 .await?;
         serde_json::to_value(whole)?
+    };
+    let cost = {
+        // A role restarted by a chaos step has a new pid: measure the ones running now.
+        let probe = target.probe(&pool).await;
+        let after = probe.settled_sample().await?;
+        crate::cost::Cost::between(&cost_before, &after, proof.delivered)
     };
     let first_submits = match &target.sim_log {
         Some(log) => Some(proof::first_submits(log)?),
@@ -389,6 +429,7 @@ pub async fn run(
         restarted_roles: accumulator.resets.keys().cloned().collect(),
         chaos: chaos_records,
         timeline,
+        cost: Some(cost),
     };
     let stamp = started_wall.format("%Y%m%d-%H%M%S");
     let path = output.out.join(format!("{}-{stamp}.json", output.name));
@@ -400,7 +441,7 @@ pub async fn run(
         crate::plot::draw(&report, &svg)?;
         println!("plot:   {}", svg.display());
     }
-    if let Some(deployment) = target.deployment {
+    if let Some(deployment) = &target.deployment {
         let deployment = deployment.lock().await;
         println!(
             "local deployment's logs: {}",
@@ -410,7 +451,7 @@ pub async fn run(
     Ok((report, path))
 }
 
-async fn target(
+pub async fn target(
     local: &LocalArgs,
     args: &TargetArgs,
     scenario: &Scenario,
@@ -531,7 +572,7 @@ pub fn find_herald(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 
 /// Waits until every id has an outcome (its final receipt included, when the provider sends
 /// one), up to `timeout`.
-async fn drain(
+pub async fn drain(
     pool: &sqlx::PgPool,
     ids: &[Uuid],
     sim_url: &str,

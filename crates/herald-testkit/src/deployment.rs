@@ -275,6 +275,22 @@ impl LocalDeployment {
             .collect()
     }
 
+    /// The pid of every running process of the deployment but PostgreSQL (whose backends
+    /// come and go: find them from `pg.data_dir()`), by name: each role, each Redis, etcd.
+    pub fn pids(&self) -> Vec<(String, i32)> {
+        let servers = [
+            ("redis-send", self.send_redis.pid()),
+            ("redis-status", self.status_redis.pid()),
+            ("etcd", self.etcd.pid()),
+        ];
+        self.roles
+            .iter()
+            .map(|r| (r.process.name().to_owned(), r.process.pid()))
+            .chain(servers.into_iter().map(|(n, pid)| (n.to_owned(), pid)))
+            .filter_map(|(name, pid)| Some((name, pid?)))
+            .collect()
+    }
+
     pub fn role_names(&self) -> Vec<String> {
         self.roles
             .iter()

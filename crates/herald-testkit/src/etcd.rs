@@ -85,6 +85,10 @@ impl LocalEtcd {
     }
 
     /// The client endpoint, e.g. `http://127.0.0.1:23790`.
+    pub fn pid(&self) -> Option<i32> {
+        self.process.pid()
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }

@@ -95,6 +95,10 @@ impl LocalRedis {
         .with_context(|| self.process.log_tail(2000))
     }
 
+    pub fn pid(&self) -> Option<i32> {
+        self.process.pid()
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -109,14 +109,8 @@ fn a_short_load_with_the_send_worker_killed_loses_and_doubles_nothing() {
         .any(|r| r == "send-worker"));
 
     let stages = report["breakdown"].as_array().unwrap();
-    for stage in [
-        "claim",
-        "publish",
-        "mark",
-        "confirm",
-        "provider call",
-        "ledger",
-    ] {
+    // No "mark": the shared rounds claim rows as PUBLISHED.
+    for stage in ["claim", "publish", "confirm", "provider call", "ledger"] {
         let row = stages.iter().find(|s| s["name"] == stage).unwrap();
         assert!(row["calls"].as_u64().unwrap() > 0, "{stage}: {row}");
     }
@@ -125,6 +119,32 @@ fn a_short_load_with_the_send_worker_killed_loses_and_doubles_nothing() {
         .path()
         .extension()
         .is_some_and(|x| x == "svg")));
+
+    // The cost of the run, read from the database's counters and /proc.
+    let cost = &report["cost"];
+    assert!(
+        cost["row_writes_per_message"].as_f64().unwrap() >= 5.0,
+        "{cost}"
+    );
+    assert!(
+        cost["wal_bytes_per_message"].as_f64().unwrap() > 0.0,
+        "{cost}"
+    );
+    assert!(
+        cost["cpu_s_per_1000"]["postgres"].as_f64().unwrap() > 0.0,
+        "{cost}"
+    );
+    assert!(
+        cost["cpu_s_per_1000"]["api"].as_f64().unwrap() > 0.0,
+        "{cost}"
+    );
+    for table in ["messages", "outbox", "message_events", "ledger"] {
+        let writes = &cost["tables_per_message"][table];
+        assert!(
+            writes["inserts"].as_f64().unwrap() >= 0.99,
+            "{table}: {cost}"
+        );
+    }
 }
 
 #[test]
@@ -172,4 +192,106 @@ fn compare_prints_ratios() {
         .find(|l| l.contains("delivered end to end"))
         .unwrap();
     assert!(row.contains("2.50x"), "{row}");
+}
+
+/// The benchmarks a new user runs first, each at a toy size: `capacity` finds a rate it
+/// sustains and writes its steps with their cost, `drain` empties a backlog accepted with the
+/// pollers stopped and proves it, `idle` measures a deployment with nothing to do.
+#[test]
+fn capacity_drain_and_idle_report_what_they_measured() {
+    let herald = herald_binary();
+    let out = tempfile::tempdir().unwrap();
+    let json = |prefix: &str| -> Value {
+        let path = std::fs::read_dir(out.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".json"))
+            })
+            .unwrap_or_else(|| panic!("no {prefix} report"));
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+    let run = |args: &[&str]| {
+        let output = Command::new(LOADTEST)
+            .args(args)
+            .arg("--herald-bin")
+            .arg(&herald)
+            .args(["--partitions", "8", "--out"])
+            .arg(out.path())
+            .output()
+            .expect("running herald-loadtest");
+        println!(
+            "{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.status.code()
+    };
+
+    let code = run(&[
+        "capacity",
+        "--local",
+        "--from",
+        "40",
+        "--factor",
+        "2",
+        "--max-rate",
+        "80",
+        "--hold",
+        "3s",
+        "--refine",
+        "0",
+        "--no-half-step",
+        "--seed",
+        "5",
+    ]);
+    assert_eq!(code, Some(0), "capacity found no sustained rate");
+    let capacity = json("capacity-2");
+    let steps = capacity["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "{capacity}");
+    assert_eq!(steps[0]["rate"], 40.0);
+    assert_eq!(steps[1]["rate"], 80.0);
+    assert!(steps.iter().all(|s| s["passed"] == true), "{capacity}");
+    assert_eq!(capacity["capacity"], 80.0);
+    assert_eq!(steps[1]["delivered"], 240, "{capacity}");
+    assert!(steps[1]["cost"]["row_writes_per_message"].as_f64().unwrap() > 1.0);
+
+    let code = run(&[
+        "drain",
+        "--messages",
+        "400",
+        "--batch",
+        "20",
+        "--fill-rate",
+        "400",
+        "--seed",
+        "6",
+    ]);
+    assert_eq!(code, Some(0), "drain failed");
+    let drain = json("drain-");
+    assert_eq!(drain["backlog"], 400, "{drain}");
+    assert_eq!(drain["proof"]["delivered"], 400, "{drain}");
+    assert_eq!(drain["settled"], true, "{drain}");
+    assert!(drain["delivered_per_s"].as_f64().unwrap() > 0.0, "{drain}");
+    let per_5s: u64 = drain["delivered_per_5s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(per_5s, 400, "{drain}");
+
+    let code = run(&["idle", "--duration", "3s", "--warmup", "1s"]);
+    assert_eq!(code, Some(0), "idle failed");
+    let idle = json("idle-");
+    let share = idle["share_by_process"].as_object().unwrap();
+    for process in ["api", "poller-0", "send-worker", "postgres", "etcd"] {
+        assert!(
+            share.contains_key(process),
+            "{process} not measured: {idle}"
+        );
+    }
+    assert!(idle["machine_share"].as_f64().unwrap() < 1.0, "{idle}");
 }
