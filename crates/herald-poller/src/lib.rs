@@ -56,7 +56,7 @@ impl Default for PollerSettings {
             batch_size: 500,
             max_batches_per_tick: 20,
             poll_interval: Duration::from_millis(500),
-            redrive_interval: Duration::from_secs(5),
+            redrive_interval: Duration::from_secs(15),
             stale_after: Duration::from_secs(120),
             max_attempts: 10,
             stale_claim_after: Duration::from_secs(300),
@@ -77,6 +77,10 @@ pub struct Poller {
     /// Drains every partition that asks at about the same time in one claim, one publish per
     /// store and one mark (none with `publish_concurrency` set: the starting point's shape).
     drainer: Option<GroupCommit<DrainRequest, Result<Drained, StoreError>>>,
+    /// The moment every idle wait is aligned to: idle partitions wake on the same ticks, so
+    /// the drainer asks for all of them in one claim instead of one claim per partition
+    /// spread over the poll interval.
+    ticks_from: tokio::time::Instant,
 }
 
 /// A partition task asking for one round of claim, publish and mark.
@@ -132,7 +136,15 @@ impl Poller {
             settings,
             publish_slots,
             drainer,
+            ticks_from: tokio::time::Instant::now(),
         }
+    }
+
+    /// How long until the next multiple of `every` since `ticks_from`.
+    fn until_next_tick(&self, every: Duration) -> Duration {
+        let every_ns = every.as_nanos().max(1);
+        let into = self.ticks_from.elapsed().as_nanos() % every_ns;
+        Duration::from_nanos((every_ns - into) as u64)
     }
 
     /// One round for one partition: through the shared drainer (every partition asking at
@@ -202,10 +214,11 @@ impl Poller {
                 tracing::warn!(partition = fence.partition, error = %err, "re-driving orphaned rows failed; the stale re-drive will")
             }
         }
-        let mut next_redrive = tokio::time::Instant::now() + self.settings.redrive_interval;
+        let redrive_every = self.settings.redrive_interval;
+        let mut next_redrive = tokio::time::Instant::now() + self.until_next_tick(redrive_every);
         while !cancel.is_cancelled() {
             if tokio::time::Instant::now() >= next_redrive {
-                next_redrive = tokio::time::Instant::now() + self.settings.redrive_interval;
+                next_redrive = tokio::time::Instant::now() + self.until_next_tick(redrive_every);
                 self.redrive(fence).await;
             }
             let outcome = match self.drain_round(fence).await {
@@ -223,6 +236,10 @@ impl Poller {
                 Drained::MoreWork => {
                     tokio::task::yield_now().await;
                     continue;
+                }
+                // Aligned: every idle partition of this poller claims in the same round.
+                Drained::Empty if self.drainer.is_some() => {
+                    self.until_next_tick(self.settings.poll_interval)
                 }
                 Drained::Empty => self.settings.poll_interval,
                 Drained::PublishFailed | Drained::Paused => self.settings.publish_backoff,
@@ -356,10 +373,10 @@ fn shard_of(
     Some((index, &shards[index]))
 }
 
-/// One round for many partitions: one claim statement for all of them, one pipelined publish
-/// per queue store, one mark statement for everything published. A store that refuses its
+/// One round for many partitions: one claim statement for all of them, which leaves the rows
+/// PUBLISHED, and one pipelined publish per queue store; no mark. A store that refuses its
 /// publish gets its jobs' rows released (attempt given back) and their partitions back off;
-/// the other stores' jobs are marked as usual. Answers each request's outcome, in order.
+/// the other stores' jobs stay as claimed. Answers each request's outcome, in order.
 async fn drain_together(
     pool: &PgPool,
     stores: &HashMap<JobType, Vec<MonitoredStore>>,
@@ -369,7 +386,14 @@ async fn drain_together(
     let asked: Vec<(Fence, Vec<JobType>)> =
         requests.iter().map(|r| (r.fence, r.open.clone())).collect();
     // A failed claim changed nothing: the group may be tried again request by request.
-    let claimed = herald_store::outbox::claim_pending_many(pool, &asked, batch_size).await?;
+    // Claimed as PUBLISHED: no mark statement after the publish (see `ClaimAs::Published`).
+    let claimed = herald_store::outbox::claim_pending_many(
+        pool,
+        &asked,
+        batch_size,
+        herald_store::outbox::ClaimAs::Published,
+    )
+    .await?;
     let mut by_store: HashMap<(JobType, usize), Vec<Job>> = HashMap::new();
     let mut fence_of: HashMap<u32, Fence> = HashMap::new();
     for (request, jobs) in requests.iter().zip(&claimed) {
@@ -389,14 +413,12 @@ async fn drain_together(
         }
     }
     let mut failed_partitions = std::collections::HashSet::new();
-    let mut published: Vec<(Fence, i64)> = Vec::new();
     for ((job_type, index), jobs) in by_store {
         let store = &stores[&job_type][index];
         match store.store.publish(&jobs).await {
             Ok(_) => {
                 ::metrics::counter!(m::PUBLISHED, "job_type" => job_type.as_str())
                     .increment(jobs.len() as u64);
-                published.extend(jobs.iter().map(|j| (fence_of[&j.partition], j.outbox_id)));
             }
             Err(err) => {
                 store.refresh().await;
@@ -425,11 +447,6 @@ async fn drain_together(
             }
         }
     }
-    // Published already: a failure now must not send the group round again.
-    let marked = herald_store::outbox::mark_published_many(pool, &published)
-        .await
-        .map_err(|err| StoreError::GroupWrite(err.to_string()))?;
-    ::metrics::counter!(m::MARKED).increment(marked);
     Ok(requests
         .iter()
         .zip(claimed)

@@ -36,10 +36,38 @@ pub async fn claim_pending_of(
     limit: u32,
     job_types: &[JobType],
 ) -> Result<Vec<Job>, StoreError> {
-    claim_pending_many(pool, &[(fence, job_types.to_vec())], limit)
-        .await?
-        .pop()
-        .unwrap_or(Ok(Vec::new()))
+    claim_pending_many(
+        pool,
+        &[(fence, job_types.to_vec())],
+        limit,
+        ClaimAs::Processing,
+    )
+    .await?
+    .pop()
+    .unwrap_or(Ok(Vec::new()))
+}
+
+/// The status a claim gives its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimAs {
+    /// PROCESSING: the caller publishes and then marks the rows PUBLISHED (two writes per
+    /// row; a row whose owner died before publishing is returned at once by the next owner's
+    /// [`redrive_orphaned`]).
+    Processing,
+    /// PUBLISHED at once, before the publish: one write per row fewer and no mark statement.
+    /// A row whose publish never happened (its poller died between the claim's commit and the
+    /// XADD) is in no stream and is returned by [`redrive_stale`] after `--stale-after`, like
+    /// a job the queue store lost. A publish that fails is released as before.
+    Published,
+}
+
+impl ClaimAs {
+    fn status(self) -> &'static str {
+        match self {
+            ClaimAs::Processing => "PROCESSING",
+            ClaimAs::Published => "PUBLISHED",
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -57,13 +85,15 @@ struct ClaimedRow {
 /// The claim, for many partitions in one statement: up to `limit` due PENDING rows of each
 /// fence's partition (oldest first, skipping rows another transaction holds, through the
 /// partition's partial index), of the job types open for it; claimed rows become PROCESSING
-/// with `claimed_at` set and `attempts` incremented. Answers, in input order, the jobs
+/// or PUBLISHED (`claim_as`) with `claimed_at` set and `attempts` incremented. Answers, in
+/// input order, the jobs
 /// claimed for each fence, or `Err(Fenced)` for a fence that no longer holds (nothing of its
 /// partition was claimed).
 pub async fn claim_pending_many(
     pool: &PgPool,
     requests: &[(Fence, Vec<JobType>)],
     limit: u32,
+    claim_as: ClaimAs,
 ) -> Result<Vec<Result<Vec<Job>, StoreError>>, StoreError> {
     if requests.is_empty() {
         return Ok(Vec::new());
@@ -105,7 +135,7 @@ pub async fn claim_pending_many(
                  WHERE f.held
              ), claimed AS (
                  UPDATE outbox o
-                 SET status = 'PROCESSING', claimed_at = now(), attempts = o.attempts + 1,
+                 SET status = $5, claimed_at = now(), attempts = o.attempts + 1,
                      claimed_epoch = f.epoch
                  FROM candidates c JOIN fences f ON f.ord = c.ord
                  WHERE o.partition = c.partition AND o.id = c.id
@@ -120,6 +150,7 @@ pub async fn claim_pending_many(
         .bind(&epochs)
         .bind(&open)
         .bind(i64::from(limit))
+        .bind(claim_as.status())
         .fetch_all(pool),
     )
     .await?;
@@ -168,42 +199,6 @@ pub async fn claim_pending_many(
     Ok(answers)
 }
 
-/// [`mark_published`] for rows of many partitions, each with its fence, in one statement;
-/// rows locked in (partition, id) order. Returns how many rows changed.
-pub async fn mark_published_many(pool: &PgPool, rows: &[(Fence, i64)]) -> Result<u64, StoreError> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let partitions: Vec<i32> = rows.iter().map(|(f, _)| f.partition as i32).collect();
-    let epochs: Vec<i64> = rows.iter().map(|(f, _)| f.epoch).collect();
-    let ids: Vec<i64> = rows.iter().map(|(_, id)| *id).collect();
-    let done = measured(
-        Operation::Mark,
-        sqlx::query(
-            "WITH input AS (
-                 SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::bigint[])
-                     AS t(partition, epoch, id)
-             ), locked AS (
-                 SELECT o.partition, o.id FROM outbox o
-                 JOIN input i ON o.partition = i.partition AND o.id = i.id
-                 JOIN partition_leases l ON l.partition = i.partition AND l.epoch = i.epoch
-                 WHERE o.status = 'PROCESSING'
-                 ORDER BY o.partition, o.id
-                 FOR UPDATE OF o
-             )
-             UPDATE outbox o SET status = 'PUBLISHED'
-             FROM locked l
-             WHERE o.partition = l.partition AND o.id = l.id AND o.status = 'PROCESSING'",
-        )
-        .bind(&partitions)
-        .bind(&epochs)
-        .bind(&ids)
-        .execute(pool),
-    )
-    .await?;
-    Ok(done.rows_affected())
-}
-
 /// Marks published rows PUBLISHED. Rows a worker already finished (DONE) are left alone.
 /// Returns how many rows changed. The rows are locked in id order first, the order every
 /// batched statement on the outbox locks in (the worker's confirm, the receipts' apply):
@@ -236,7 +231,8 @@ pub async fn mark_published(pool: &PgPool, fence: Fence, ids: &[i64]) -> Result<
 
 /// Returns claimed rows that could not be published to PENDING and gives back the attempt
 /// the claim counted: the job never reached the queue, so an outage of the queue store does
-/// not push rows towards DEAD.
+/// not push rows towards DEAD. Only rows this fence claimed (PROCESSING, or PUBLISHED by a
+/// [`ClaimAs::Published`] claim) move; one a worker already finished stays DONE.
 pub async fn release_unpublished(
     pool: &PgPool,
     fence: Fence,
@@ -247,7 +243,8 @@ pub async fn release_unpublished(
         sqlx::query(
             "WITH locked AS (
                  SELECT id FROM outbox
-                 WHERE partition = $1 AND id = ANY($3) AND status = 'PROCESSING'
+                 WHERE partition = $1 AND id = ANY($3)
+                   AND status IN ('PROCESSING', 'PUBLISHED') AND claimed_epoch = $2
                    AND EXISTS (SELECT 1 FROM partition_leases l
                                WHERE l.partition = $1 AND l.epoch = $2)
                  ORDER BY id
@@ -256,7 +253,8 @@ pub async fn release_unpublished(
              UPDATE outbox o SET status = 'PENDING', claimed_at = NULL,
                                  attempts = greatest(o.attempts - 1, 0)
              FROM locked l
-             WHERE o.partition = $1 AND o.id = l.id AND o.status = 'PROCESSING'",
+             WHERE o.partition = $1 AND o.id = l.id
+               AND o.status IN ('PROCESSING', 'PUBLISHED')",
         )
         .bind(fence.partition as i32)
         .bind(fence.epoch)

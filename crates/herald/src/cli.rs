@@ -254,7 +254,7 @@ pub struct PollerArgs {
     #[serde(serialize_with = "human")]
     pub poll_interval: Duration,
     /// How often stale PROCESSING/PUBLISHED rows are looked for.
-    #[arg(long, env = "HERALD_POLLER_REDRIVE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "HERALD_POLLER_REDRIVE_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub redrive_interval: Duration,
     /// A claimed or published row not confirmed by a worker within this goes back to PENDING.

@@ -3,7 +3,8 @@ use std::time::Duration;
 use herald_store::accept::accept_messages;
 use herald_store::leases::{record_epoch, take_over};
 use herald_store::outbox::{
-    claim_pending, mark_published, redrive_orphaned, redrive_stale, release_unpublished, Redriven,
+    claim_pending, mark_published, redrive_orphaned, redrive_stale, release_unpublished, ClaimAs,
+    Redriven,
 };
 use herald_store::StoreError;
 
@@ -329,9 +330,10 @@ async fn one_claim_serves_many_partitions_each_behind_its_own_fence() {
         (fences[2], vec![JobType::Status, JobType::Send]),
         (fences[3], vec![JobType::Send, JobType::Status]),
     ];
-    let answers = herald_store::outbox::claim_pending_many(&pool, &requests, 4)
-        .await
-        .unwrap();
+    let answers =
+        herald_store::outbox::claim_pending_many(&pool, &requests, 4, ClaimAs::Processing)
+            .await
+            .unwrap();
     let jobs = |i: usize| answers[i].as_ref().unwrap();
     assert_eq!(jobs(0).len(), 4);
     assert!(jobs(0).iter().all(|j| j.partition == 0));
@@ -361,23 +363,45 @@ async fn one_claim_serves_many_partitions_each_behind_its_own_fence() {
         .await,
         12
     );
-    // Marking many: every claimed row of a held fence, none of a fenced one.
-    let mut rows: Vec<_> = (0..3)
-        .flat_map(|i| {
-            let fence = fences[i];
-            jobs(i).iter().map(move |j| (fence, j.outbox_id))
-        })
-        .collect();
-    rows.reverse(); // any order in, locked in (partition, id) order
-    let marked = herald_store::outbox::mark_published_many(&pool, &rows)
-        .await
-        .unwrap();
-    assert_eq!(marked, 12);
-    let stale = [(fences[3], 1_i64)];
+    // Claimed as PUBLISHED: no mark follows, and a failed publish is still released (only
+    // by the fence that claimed the rows).
+    let published = herald_store::outbox::claim_pending_many(
+        &pool,
+        &[(fences[0], vec![JobType::Send, JobType::Status])],
+        4,
+        ClaimAs::Published,
+    )
+    .await
+    .unwrap()
+    .pop()
+    .unwrap()
+    .unwrap();
+    assert_eq!(published.len(), 4);
+    let ids: Vec<i64> = published.iter().map(|j| j.outbox_id).collect();
     assert_eq!(
-        herald_store::outbox::mark_published_many(&pool, &stale)
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts = 1"
+        )
+        .await,
+        4
+    );
+    assert_eq!(
+        release_unpublished(&pool, fences[3], &ids).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        release_unpublished(&pool, fences[0], &ids[..1])
             .await
             .unwrap(),
-        0
+        1
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts = 1"
+        )
+        .await,
+        3
     );
 }

@@ -251,6 +251,64 @@ async fn r3_a_poller_killed_between_publish_and_mark_does_not_lose_the_batch() {
     verify_ok(&herald).await;
 }
 
+/// The shared rounds claim rows as PUBLISHED before publishing them, with no mark after: a
+/// poller that dies between the claim's commit and its XADDs leaves PUBLISHED rows that are in
+/// no stream. The stale re-drive must return them and the messages must be delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_a_poller_killed_between_claim_and_publish_is_redriven() {
+    use herald_core::{JobType, PartitionCount};
+
+    let mut herald = Deployment::start(Options {
+        pollers: 0,
+        ..Options::default()
+    })
+    .await;
+    send_n(&herald, "claimed-never-published", 60).await;
+    // The poller's claim, done by hand, for every partition in one statement; then it "dies"
+    // before publishing anything.
+    let mut requests = Vec::new();
+    for partition in PartitionCount::new(16).unwrap().all() {
+        let fence = herald_store::leases::take_over(&herald.pool, partition, "doomed")
+            .await
+            .unwrap();
+        requests.push((fence, JobType::ALL.to_vec()));
+    }
+    let claimed: usize = herald_store::outbox::claim_pending_many(
+        &herald.pool,
+        &requests,
+        1000,
+        herald_store::outbox::ClaimAs::Published,
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|jobs| jobs.unwrap().len())
+    .sum();
+    assert_eq!(claimed, 60);
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED'"
+        )
+        .await,
+        60
+    );
+    let poller = args(&[
+        "poller",
+        "--redis-send-url",
+        &herald.redis.url(),
+        "--redis-status-url",
+        &herald.status_redis.url(),
+        "--stale-after",
+        "3s",
+        "--redrive-interval",
+        "500ms",
+    ]);
+    herald.spawn_with_admin("poller-new", poller).await;
+    herald.wait_delivered(60, MINUTE).await;
+    verify_ok(&herald).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r3_past_the_attempt_limit_a_send_is_dead_visible_and_can_be_redriven() {
     let herald = Deployment::start(Options {
