@@ -17,7 +17,9 @@ use herald_core::{Fence, JobType};
 use herald_queue::monitor::MonitoredStore;
 use herald_store::accept::OUTBOX_CHANNEL;
 use herald_store::group::{GroupCommit, GroupSettings};
-use herald_store::outbox::{claim_pending_of, mark_published, redrive_stale, release_unpublished};
+use herald_store::outbox::{
+    claim_pending_of, mark_published, redrive_stale, release_unpublished, LostBefore,
+};
 use herald_store::StoreError;
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
@@ -65,6 +67,11 @@ impl Default for PollerSettings {
         }
     }
 }
+
+/// How far the clocks of PostgreSQL (a row's `claimed_at`) and a queue store (its entries'
+/// ids) may disagree, plus the time a publish takes after its claim committed. A job claimed
+/// less than this before its store's oldest entry may still be that entry's neighbour.
+pub const CLOCK_MARGIN: Duration = Duration::from_secs(10);
 
 /// A poller: its pool, the queue store of each job type, and its settings.
 #[derive(Clone)]
@@ -342,13 +349,39 @@ impl Poller {
         Ok(())
     }
 
+    /// For each job type, the moment before which this partition's unconfirmed jobs can only
+    /// have been lost by their queue store: its oldest entry's time minus [`CLOCK_MARGIN`] (no
+    /// limit when the stream is empty; nothing at all when the store cannot be read, since
+    /// nothing can be told apart then).
+    async fn lost_before(&self, partition: u32) -> LostBefore {
+        let mut lost_before = LostBefore::default();
+        for job_type in JobType::ALL {
+            let Some(store) = self.shard(job_type, partition) else {
+                continue;
+            };
+            let ms = match store.store.oldest_entry_ms().await {
+                Ok(Some(oldest)) => Some(oldest as i64 - CLOCK_MARGIN.as_millis() as i64),
+                Ok(None) => None,
+                Err(err) => {
+                    tracing::warn!(partition, %job_type, error = %err,
+                        "cannot read the queue store's oldest entry; its jobs are not re-driven this pass");
+                    Some(0)
+                }
+            };
+            lost_before.set(job_type, ms);
+        }
+        lost_before
+    }
+
     /// Both re-drive passes over one partition: rows claimed or published but never
     /// confirmed (rule R3), and sends whose worker died after CLAIMED (rule R4). A deposed
     /// owner's re-drive changes nothing (the fence); the next claim notices and stops the task.
     async fn redrive(&self, fence: Fence) {
         let started = Instant::now();
         let (stale_after, max_attempts) = (self.settings.stale_after, self.settings.max_attempts);
-        let unconfirmed = redrive_stale(&self.pool, fence, stale_after, max_attempts).await;
+        let lost_before = self.lost_before(fence.partition).await;
+        let unconfirmed =
+            redrive_stale(&self.pool, fence, stale_after, max_attempts, lost_before).await;
         count_redriven(fence, "redrive", unconfirmed);
         let stale_claims = herald_store::outbox::redrive_stale_claims(
             &self.pool,

@@ -291,6 +291,27 @@ impl QueueStore {
         .await
     }
 
+    /// When the oldest entry still in the stream was added, in milliseconds since the epoch
+    /// (from its id), or `None` when the stream is empty or missing. An entry stays in the
+    /// stream until a worker handled it and deleted it, whether it was read or not: a job
+    /// published before this time and not handled is not waiting in the stream any more, the
+    /// store lost it (a restart, a flush).
+    pub async fn oldest_entry_ms(&self) -> Result<Option<u64>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&self.stream)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
+        Ok(reply
+            .ids
+            .first()
+            .and_then(|entry| entry.id.split('-').next()?.parse().ok()))
+    }
+
     /// Deletes every key of the store's database (benchmarks and tests only).
     pub async fn flush_all(&self) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;

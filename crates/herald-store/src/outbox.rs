@@ -274,13 +274,44 @@ pub struct Redriven {
     pub dead: u64,
 }
 
-/// Moves PROCESSING/PUBLISHED rows claimed longer than `stale_after` ago back to PENDING, or
-/// to DEAD once they used `max_attempts` claims. Nothing is deleted.
+/// Per job type, the moment before which a published job that is still unconfirmed can only
+/// have been lost by its queue store: the store's oldest entry (minus a margin for the clocks
+/// of PostgreSQL and Redis) was added after it. A row claimed later may still be waiting in the
+/// stream, read or not, and is not re-driven however long it waits. `None`: no limit (the
+/// stream is empty, so every unconfirmed job is lost).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LostBefore {
+    /// Milliseconds since the epoch.
+    pub send_ms: Option<i64>,
+    pub status_ms: Option<i64>,
+}
+
+impl LostBefore {
+    /// No limit for either job type: every row past `stale_after` is re-driven.
+    pub const ANY: LostBefore = LostBefore {
+        send_ms: None,
+        status_ms: None,
+    };
+
+    /// For one job type.
+    pub fn set(&mut self, job_type: JobType, ms: Option<i64>) {
+        match job_type {
+            JobType::Send => self.send_ms = ms,
+            JobType::Status => self.status_ms = ms,
+        }
+    }
+}
+
+/// Moves PROCESSING/PUBLISHED rows claimed longer than `stale_after` ago, and before their job
+/// type's `lost_before`, back to PENDING, or to DEAD once they used `max_attempts` claims.
+/// Nothing is deleted. A job waiting in a long stream is not stale: the poller passes the age
+/// of each store's oldest entry as `lost_before`.
 pub async fn redrive_stale(
     pool: &PgPool,
     fence: Fence,
     stale_after: Duration,
     max_attempts: u32,
+    lost_before: LostBefore,
 ) -> Result<Redriven, StoreError> {
     let counts: Vec<(String, i64)> = measured(
         Operation::Redrive,
@@ -289,11 +320,15 @@ pub async fn redrive_stale(
                  SELECT id FROM outbox
                  WHERE partition = $1 AND status IN ('PROCESSING', 'PUBLISHED')
                    AND claimed_at < now() - make_interval(secs => $3)
+                   AND claimed_at < CASE job_type
+                       WHEN 'send' THEN coalesce(to_timestamp($5::float8 / 1000), 'infinity')
+                       ELSE coalesce(to_timestamp($6::float8 / 1000), 'infinity') END
                  FOR UPDATE SKIP LOCKED
              ), moved AS (
                  UPDATE outbox o
                  SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
-                     last_error = 'stale: not confirmed by a worker in time'
+                     last_error = 'stale: not confirmed by a worker in time, and gone from \
+                                   its queue store'
                  FROM stale
                  WHERE o.partition = $1 AND o.id = stale.id
                    AND EXISTS (SELECT 1 FROM partition_leases l
@@ -313,6 +348,8 @@ pub async fn redrive_stale(
         .bind(fence.epoch)
         .bind(stale_after.as_secs_f64())
         .bind(max_attempts as i32)
+        .bind(lost_before.send_ms.map(|ms| ms as f64))
+        .bind(lost_before.status_ms.map(|ms| ms as f64))
         .fetch_all(pool),
     )
     .await?;

@@ -257,7 +257,8 @@ pub struct PollerArgs {
     #[arg(long, env = "HERALD_POLLER_REDRIVE_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub redrive_interval: Duration,
-    /// A claimed or published row not confirmed by a worker within this goes back to PENDING.
+    /// A claimed or published row not confirmed by a worker within this goes back to PENDING,
+    /// if its queue store no longer holds it (a job waiting in its stream is never re-driven).
     #[arg(long, env = "HERALD_POLLER_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub stale_after: Duration,

@@ -200,3 +200,50 @@ async fn a_store_past_maxmemory_refuses_a_publish_with_an_oom_error() {
         "a group that does not exist cannot be created past maxmemory"
     );
 }
+
+/// The re-drive asks a store how old its oldest entry is: an entry counts until it is deleted,
+/// read or not and pending or not, and an empty or missing stream has none.
+#[tokio::test]
+async fn the_oldest_entry_is_the_oldest_not_yet_handled_read_or_not() {
+    let redis = LocalRedis::start().await.expect("redis");
+    let store = store(&redis);
+    assert_eq!(
+        store.oldest_entry_ms().await.unwrap(),
+        None,
+        "no stream yet"
+    );
+    store.ensure_group().await.unwrap();
+    assert_eq!(store.oldest_entry_ms().await.unwrap(), None, "empty stream");
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let first = store.publish(&jobs(1, 2)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = store.publish(&jobs(3, 1)).await.unwrap();
+    let oldest = store.oldest_entry_ms().await.unwrap().expect("an entry");
+    assert!(
+        oldest >= before.saturating_sub(1000),
+        "{oldest} vs {before}"
+    );
+    let id_ms = |id: &str| id.split('-').next().unwrap().parse::<u64>().unwrap();
+    assert_eq!(oldest, id_ms(&first[0]));
+
+    // Read (pending) entries still count.
+    let read = store
+        .read("consumer-a", 10, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 3);
+    assert_eq!(store.oldest_entry_ms().await.unwrap(), Some(oldest));
+
+    // Handled (deleted) ones do not: the oldest is now the later publish.
+    store.ack_and_delete(&first).await.unwrap();
+    assert_eq!(
+        store.oldest_entry_ms().await.unwrap(),
+        Some(id_ms(&second[0]))
+    );
+    store.ack_and_delete(&second).await.unwrap();
+    assert_eq!(store.oldest_entry_ms().await.unwrap(), None);
+}

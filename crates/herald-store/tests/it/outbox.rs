@@ -4,7 +4,7 @@ use herald_store::accept::accept_messages;
 use herald_store::leases::{record_epoch, take_over};
 use herald_store::outbox::{
     claim_pending, mark_published, redrive_orphaned, redrive_stale, release_unpublished, ClaimAs,
-    Redriven,
+    LostBefore, Redriven,
 };
 use herald_store::StoreError;
 
@@ -76,7 +76,9 @@ async fn a_deposed_owner_changes_nothing() {
     assert_eq!(mark_published(&pool, old, &ids).await.unwrap(), 0);
     assert_eq!(release_unpublished(&pool, old, &ids).await.unwrap(), 0);
     assert_eq!(
-        redrive_stale(&pool, old, Duration::ZERO, 10).await.unwrap(),
+        redrive_stale(&pool, old, Duration::ZERO, 10, LostBefore::ANY)
+            .await
+            .unwrap(),
         Redriven::default()
     );
     // An older epoch cannot be recorded over a newer one.
@@ -135,12 +137,29 @@ async fn redrive_returns_stale_rows_and_kills_them_past_the_attempt_limit() {
     mark_published(&pool, fence, &[jobs[0].outbox_id])
         .await
         .unwrap();
-    let moved = redrive_stale(&pool, fence, Duration::from_secs(3600), 2)
+    let moved = redrive_stale(&pool, fence, Duration::from_secs(3600), 2, LostBefore::ANY)
         .await
         .unwrap();
     assert_eq!(moved, Redriven::default());
-    // …stale under a zero timeout: back to PENDING.
-    let moved = redrive_stale(&pool, fence, Duration::ZERO, 2)
+    // …nor under a zero timeout while its queue store still holds an entry older than the
+    // claim (the job may be waiting in the stream)…
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let waiting = LostBefore {
+        send_ms: Some(now_ms - 3_600_000),
+        status_ms: None,
+    };
+    let moved = redrive_stale(&pool, fence, Duration::ZERO, 2, waiting)
+        .await
+        .unwrap();
+    assert_eq!(moved, Redriven::default());
+    assert_eq!(statuses(&pool).await, vec![("PUBLISHED".to_owned(), 1)]);
+    // …stale under a zero timeout, with every entry of its store newer than the claim (the
+    // store lost it): back to PENDING.
+    let lost = LostBefore {
+        send_ms: Some(now_ms + 60_000),
+        status_ms: Some(0),
+    };
+    let moved = redrive_stale(&pool, fence, Duration::ZERO, 2, lost)
         .await
         .unwrap();
     assert_eq!(
@@ -154,7 +173,7 @@ async fn redrive_returns_stale_rows_and_kills_them_past_the_attempt_limit() {
 
     // The second claim uses the last attempt: the next re-drive makes it DEAD, visibly.
     assert_eq!(claim_pending(&pool, fence, 10).await.unwrap()[0].attempt, 2);
-    let moved = redrive_stale(&pool, fence, Duration::ZERO, 2)
+    let moved = redrive_stale(&pool, fence, Duration::ZERO, 2, LostBefore::ANY)
         .await
         .unwrap();
     assert_eq!(

@@ -20,7 +20,17 @@ async fn fleet(pollers: usize, lease_ttl: &str) -> Deployment {
         partitions: P,
         pollers,
         fleet: true,
-        poller_flags: args(&["--lease-ttl", lease_ttl, "--drain-timeout", "5s"]),
+        // A poller killed between a round's claim and its publish leaves that round's rows
+        // PUBLISHED and in no stream; the stale re-drive returns them after --stale-after
+        // (2 min by default), shortened here so the proof after a kill -9 fits its wait.
+        poller_flags: args(&[
+            "--lease-ttl",
+            lease_ttl,
+            "--drain-timeout",
+            "5s",
+            "--stale-after",
+            "15s",
+        ]),
         ..Options::default()
     })
     .await

@@ -251,6 +251,64 @@ async fn r3_a_poller_killed_between_publish_and_mark_does_not_lose_the_batch() {
     verify_ok(&herald).await;
 }
 
+/// Waiting is not failing: jobs that sit in their stream for many stale-after periods (no
+/// worker reads them) are neither re-driven, nor charged another attempt, nor DEAD, because
+/// their entries are still in the store. Before the re-drive asked the store, every job here
+/// was published again each second and DEAD after two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_a_backlog_waiting_in_its_stream_is_never_redriven_or_dead() {
+    let mut herald = Deployment::start(Options {
+        poller_flags: args(&[
+            "--stale-after",
+            "1s",
+            "--redrive-interval",
+            "200ms",
+            "--max-attempts",
+            "2",
+        ]),
+        ..Options::default()
+    })
+    .await;
+    assert!(herald
+        .role("worker")
+        .terminate(Duration::from_secs(10))
+        .await
+        .unwrap());
+    send_n(&herald, "waiting", 100).await;
+    herald
+        .wait_for(
+            "SELECT count(*) FROM outbox WHERE job_type = 'send' AND status = 'PUBLISHED'",
+            100,
+            MINUTE,
+        )
+        .await;
+    // Twelve stale-after periods with nobody reading the stream.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let redriven = herald
+        .metric(&herald.poller_admins[0], "herald_outbox_redriven_total")
+        .await;
+    assert_eq!(redriven, 0.0, "a waiting job was re-driven");
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM outbox WHERE status = 'DEAD' OR attempts > 1"
+        )
+        .await,
+        0
+    );
+    herald.role("worker").restart().await.unwrap();
+    herald.wait_delivered(100, MINUTE).await;
+    verify_ok(&herald).await;
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM outbox WHERE job_type = 'send' AND attempts > 1"
+        )
+        .await,
+        0
+    );
+}
+
 /// The shared rounds claim rows as PUBLISHED before publishing them, with no mark after: a
 /// poller that dies between the claim's commit and its XADDs leaves PUBLISHED rows that are in
 /// no stream. The stale re-drive must return them and the messages must be delivered.
