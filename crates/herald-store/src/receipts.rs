@@ -184,7 +184,10 @@ pub struct ReceiptToApply {
 }
 
 /// [`apply_receipt`] for many receipts in one statement: every status job still
-/// PROCESSING/PUBLISHED becomes DONE with its state appended, final states end their wait.
+/// PROCESSING/PUBLISHED becomes DONE with its state appended, final states end their wait. A
+/// duplicate receipt (same state, provider status and provider time as one the message already
+/// has) finishes its job and appends nothing: a provider that posts a receipt twice does not
+/// write the history twice.
 /// Returns the (partition, outbox id) of the jobs applied; the others were another copy's.
 pub async fn apply_receipts(
     pool: &PgPool,
@@ -226,9 +229,25 @@ pub async fn apply_receipts(
              ), settled AS (
                  DELETE FROM awaiting_receipt
                  WHERE message_id IN (SELECT message_id FROM applied WHERE is_final)
+             ), fresh AS (
+                 -- A receipt the message already has (same state, provider status and
+                 -- provider time), in its history or earlier in this group, adds nothing.
+                 SELECT DISTINCT ON (a.message_id, a.state, a.detail->>'provider_status',
+                                     a.detail->>'provider_time')
+                        a.message_id, a.state, a.detail, a.ord
+                 FROM applied a
+                 WHERE NOT EXISTS (
+                     SELECT 1 FROM message_events e
+                     WHERE e.message_id = a.message_id AND e.state = a.state
+                       AND e.detail->>'provider_status'
+                           IS NOT DISTINCT FROM a.detail->>'provider_status'
+                       AND e.detail->>'provider_time'
+                           IS NOT DISTINCT FROM a.detail->>'provider_time')
+                 ORDER BY a.message_id, a.state, a.detail->>'provider_status',
+                          a.detail->>'provider_time', a.ord
              ), events AS (
                  INSERT INTO message_events (message_id, state, detail)
-                 SELECT message_id, state, detail FROM applied ORDER BY ord
+                 SELECT message_id, state, detail FROM fresh ORDER BY ord
              )
              SELECT partition, id FROM applied",
         )

@@ -63,7 +63,9 @@ const FACTS: &str = "
 SELECT m.id, m.created_at,
        ARRAY(SELECT l.idempotency_key FROM ledger l WHERE l.message_id = m.id) AS keys,
        (SELECT e.state FROM message_events e WHERE e.message_id = m.id
-        ORDER BY herald_state_rank(e.state) DESC, e.seq DESC LIMIT 1) AS state,
+        ORDER BY herald_state_rank(e.state) DESC,
+                 (e.detail->>'provider_time')::timestamptz DESC NULLS LAST, e.seq DESC
+        LIMIT 1) AS state,
        EXISTS (SELECT 1 FROM outbox o WHERE o.message_id = m.id AND o.job_type = 'send'
                                        AND o.status = 'DEAD') AS dead,
        (SELECT coalesce(e.detail->>'cause', 'other') FROM message_events e
