@@ -78,15 +78,31 @@ where
         F: Fn(Arc<Vec<R>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<A>, StoreError>> + Send + 'static,
     {
+        Self::spawn_weighed(name, settings, (usize::MAX, |_: &R| 1), write)
+    }
+
+    /// [`spawn`](Self::spawn) with a second bound: a group stops taking requests once their
+    /// weights (`weigh`, e.g. the rows a request writes) reach `max_weight`. The request that
+    /// crosses the bound is still in the group, so a group weighs at most `max_weight` plus
+    /// one request.
+    pub fn spawn_weighed<F, Fut>(
+        name: &'static str,
+        settings: GroupSettings,
+        (max_weight, weigh): (usize, fn(&R) -> usize),
+        write: F,
+    ) -> Self
+    where
+        F: Fn(Arc<Vec<R>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<A>, StoreError>> + Send + 'static,
+    {
         let max_group = settings.max_group.max(1);
         let (tx, rx) = mpsc::channel(max_group * settings.parallel.max(1) * 2);
-        tokio::spawn(dispatch(
-            name,
-            rx,
+        let bounds = Bounds {
             max_group,
-            settings.parallel.max(1),
-            write,
-        ));
+            max_weight,
+            weigh,
+        };
+        tokio::spawn(dispatch(name, rx, bounds, settings.parallel.max(1), write));
         Self { tx }
     }
 
@@ -102,10 +118,17 @@ where
     }
 }
 
+/// How large one group may grow.
+struct Bounds<R> {
+    max_group: usize,
+    max_weight: usize,
+    weigh: fn(&R) -> usize,
+}
+
 async fn dispatch<R, A, F, Fut>(
     name: &'static str,
     mut rx: mpsc::Receiver<Waiting<R, A>>,
-    max_group: usize,
+    bounds: Bounds<R>,
     parallel: usize,
     write: F,
 ) where
@@ -125,10 +148,14 @@ async fn dispatch<R, A, F, Fut>(
         let Some(first) = rx.recv().await else {
             return;
         };
+        let mut weight = (bounds.weigh)(&first.0);
         let mut group = vec![first];
-        while group.len() < max_group {
+        while group.len() < bounds.max_group && weight < bounds.max_weight {
             match rx.try_recv() {
-                Ok(next) => group.push(next),
+                Ok(next) => {
+                    weight = weight.saturating_add((bounds.weigh)(&next.0));
+                    group.push(next);
+                }
                 Err(_) => break,
             }
         }
@@ -241,6 +268,43 @@ mod tests {
         // At most the first request is written alone; all that queued meanwhile share a write.
         let writes = writes.load(Ordering::SeqCst);
         assert!(writes <= 2, "50 queued requests took {writes} writes");
+    }
+
+    // Requests of weight 30 against a bound of 100: a group takes four (the fourth crosses
+    // the bound) even though 50 are waiting and max_group allows 100.
+    #[tokio::test(start_paused = true)]
+    async fn a_group_stops_growing_once_its_weight_crosses_the_bound() {
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = sizes.clone();
+        let group = GroupCommit::spawn_weighed(
+            "test",
+            GroupSettings {
+                max_group: 100,
+                parallel: 1,
+            },
+            (100, |_: &u32| 30),
+            move |requests: Arc<Vec<u32>>| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().push(requests.len());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok(requests.to_vec())
+                }
+            },
+        );
+        let calls: Vec<_> = (0..50u32)
+            .map(|i| {
+                let group = group.clone();
+                tokio::spawn(async move { group.write(i).await.unwrap() })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap();
+        }
+        let sizes = sizes.lock().unwrap().clone();
+        assert_eq!(sizes.iter().sum::<usize>(), 50);
+        assert!(sizes.iter().all(|&n| n <= 4), "{sizes:?}");
+        assert!(sizes.iter().filter(|&&n| n == 4).count() >= 10, "{sizes:?}");
     }
 
     #[tokio::test]
