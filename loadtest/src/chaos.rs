@@ -5,8 +5,10 @@
 //! [[step]]
 //! at = "2s"               # since the load started
 //! action = "kill"         # kill | term | stop | cont | restart-role | restart-redis | stop-etcd
+//!                         # | restart-postgres | kill-postgres
 //! role = "send-worker"    # kill, term, stop, cont, restart-role
-//! for = "1s"              # kill, term: started again after; stop: SIGCONT after; stop-etcd: down for
+//! for = "1s"              # kill, term: started again after; stop: SIGCONT after; stop-etcd,
+//!                         # restart-postgres, kill-postgres: down for
 //! ```
 
 use std::path::Path;
@@ -59,6 +61,12 @@ pub enum Action {
     RestartRedis,
     /// Stop etcd; start it again after `for`.
     StopEtcd,
+    /// Shut PostgreSQL down (fast shutdown: sessions ended, clean checkpoint); start it again
+    /// after `for` (default at once).
+    RestartPostgres,
+    /// Crash PostgreSQL: kill -9 every one of its processes at once; start it again after
+    /// `for` (default at once), recovering from its WAL.
+    KillPostgres,
 }
 
 impl Step {
@@ -102,6 +110,7 @@ impl Step {
                 "step at {:?}: stop-etcd needs `for`",
                 self.at
             ),
+            Action::RestartPostgres | Action::KillPostgres => {}
         }
         Ok(())
     }
@@ -238,6 +247,12 @@ async fn perform(
             deployment.lock().await.stop_etcd().await?;
             tokio::time::sleep(step.for_.unwrap_or_default()).await;
             deployment.lock().await.start_etcd().await?;
+        }
+        Action::RestartPostgres | Action::KillPostgres => {
+            let crash = step.action == Action::KillPostgres;
+            deployment.lock().await.stop_postgres(crash).await?;
+            tokio::time::sleep(step.for_.unwrap_or_default()).await;
+            deployment.lock().await.start_postgres().await?;
         }
     }
     Ok(())

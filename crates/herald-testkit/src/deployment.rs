@@ -326,6 +326,21 @@ impl LocalDeployment {
         redis.restart().await
     }
 
+    /// PostgreSQL down: a fast shutdown (`crash` false: SIGINT, sessions ended, a clean
+    /// checkpoint) or a crash (every process killed at once, recovery from WAL at the next
+    /// start). [`start_postgres`](Self::start_postgres) brings it back on the same port.
+    pub async fn stop_postgres(&mut self, crash: bool) -> anyhow::Result<()> {
+        if crash {
+            self.pg.crash().await
+        } else {
+            self.pg.stop().await
+        }
+    }
+
+    pub async fn start_postgres(&mut self) -> anyhow::Result<()> {
+        self.pg.restart().await
+    }
+
     pub async fn stop_etcd(&mut self) -> anyhow::Result<()> {
         self.etcd.stop().await
     }

@@ -194,6 +194,36 @@ impl LocalPostgres {
         self.process.kill9().await
     }
 
+    /// A crash: kill -9 every process of the server at once (its backends, WAL writer,
+    /// checkpointer… and the postmaster), as a power loss or an OOM kill of the whole pod
+    /// would. Committed transactions survive (WAL); the next start recovers.
+    pub async fn crash(&mut self) -> anyhow::Result<()> {
+        let postmaster = self.process.pid().context("postgres is not running")?;
+        let children: Vec<i32> = std::fs::read_dir("/proc")?
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| parent_of(*pid) == Some(postmaster))
+            .collect();
+        for child in &children {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*child),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        self.process.kill9().await?;
+        // Every child gone (they are the postmaster's, reaped by init now) before a restart,
+        // or the new postmaster finds the old shared memory still attached.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while children.iter().any(|pid| alive(*pid)) {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "postgres backends still alive 10 s after SIGKILL"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
     /// Starts the server again on the same port and data.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.process.start()?;
@@ -230,4 +260,27 @@ fn postgres_user() -> anyhow::Result<Option<(u32, u32)>> {
 
 fn path_str(path: &Path) -> anyhow::Result<&str> {
     path.to_str().context("non-UTF-8 path")
+}
+
+/// The parent pid of `pid`, from `/proc`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` still runs (a zombie waiting for its parent to reap it does not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
 }
