@@ -80,15 +80,41 @@ pub struct Cost {
     pub tables_per_message: BTreeMap<String, TableWrites>,
 }
 
+/// The `application_name` of the load tester's own sessions: their backends' CPU is the
+/// tester's work (drain polls, proofs), not the deployment's, and is left out.
+pub const TESTER_APPLICATION: &str = "herald-loadtest";
+
+/// A pool for the load tester's own queries, named so [`Probe`] can leave its backends out.
+pub async fn tester_pool(database_url: &str, connections: u32) -> anyhow::Result<sqlx::PgPool> {
+    use std::str::FromStr;
+    let options = sqlx::postgres::PgConnectOptions::from_str(database_url)
+        .map_err(|err| anyhow::anyhow!("bad database URL: {err}"))?
+        .application_name(TESTER_APPLICATION);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        // Kept open: a closed session's CPU would be added to the postmaster's reaped
+        // children, where it can no longer be told apart.
+        .idle_timeout(None)
+        .connect_with(options)
+        .await
+        .map_err(|err| anyhow::anyhow!("cannot connect to the database: {err}"))
+}
+
 impl Probe {
     pub async fn sample(&self) -> anyhow::Result<Sample> {
-        let mut cpu_s: BTreeMap<String, f64> = self
+        let mut cpu: BTreeMap<String, f64> = self
             .processes
             .iter()
             .map(|(name, pid)| (name.clone(), cpu_s(*pid, false)))
             .collect();
         if let Some(dir) = &self.pg_data_dir {
-            cpu_s.insert("postgres".to_owned(), postgres_cpu_s(dir));
+            let tester: Vec<i32> =
+                sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+                    .bind(TESTER_APPLICATION)
+                    .fetch_all(&self.pool)
+                    .await?;
+            let tester_s: f64 = tester.iter().map(|pid| cpu_s(*pid, false)).sum();
+            cpu.insert("postgres".to_owned(), postgres_cpu_s(dir) - tester_s);
         }
         // Statistics of other sessions reach the shared counters at most a second after
         // their transaction; a fresh snapshot is taken per statement outside a transaction.
@@ -122,7 +148,7 @@ impl Probe {
             .await?;
         Ok(Sample {
             at: Instant::now(),
-            cpu_s,
+            cpu_s: cpu,
             tables,
             wal_bytes,
         })
@@ -169,7 +195,8 @@ impl Cost {
             })
             .filter(|(_, w)| w.total() > 0.0)
             .collect();
-        let writes: f64 = tables.values().map(TableWrites::total).sum();
+        // (An empty f64 sum is -0.0; adding 0.0 makes it print as 0.)
+        let writes: f64 = tables.values().map(TableWrites::total).sum::<f64>() + 0.0;
         Self {
             seconds,
             messages,

@@ -96,10 +96,7 @@ pub async fn main(mut args: DrainArgs) -> anyhow::Result<i32> {
             .terminate(Duration::from_secs(30))
             .await?;
     }
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&target.database_url)
-        .await?;
+    let pool = crate::cost::tester_pool(&target.database_url, 4).await?;
 
     let settings = LoadSettings {
         phases: vec![Phase {

@@ -47,10 +47,7 @@ pub async fn main(mut args: IdleArgs) -> anyhow::Result<i32> {
     let started_at = chrono::Utc::now();
     let target =
         crate::run::target(&args.local, &TargetArgs::default(), &Scenario::default()).await?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&target.database_url)
-        .await?;
+    let pool = crate::cost::tester_pool(&target.database_url, 1).await?;
     println!(
         "idle deployment started; settling for {:?}, then measuring for {:?}",
         args.warmup, args.duration

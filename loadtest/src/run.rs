@@ -284,11 +284,7 @@ pub async fn run_on(
         let roles = deployment.lock().await.role_names();
         scenario.validate(&roles)?;
     }
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&target.database_url)
-        .await
-        .map_err(|err| anyhow::anyhow!("cannot connect to the database: {err}"))?;
+    let pool = crate::cost::tester_pool(&target.database_url, 4).await?;
     let previous = output
         .previous
         .clone()
@@ -351,6 +347,14 @@ pub async fn run_on(
         seconds: drain_started.elapsed().as_secs_f64(),
     };
     let accumulator = scraper.finish().await;
+    // The cost ends with the drain: the proof and the whole-database verdict below are the
+    // tester's work, not the deployment's.
+    let cost = {
+        // A role restarted by a chaos step has a new pid: measure the ones running now.
+        let probe = target.probe(&pool).await;
+        let after = probe.settled_sample().await?;
+        (cost_before, after)
+    };
 
     let (proof, facts) = proof::prove(
         &pool,
@@ -368,12 +372,7 @@ pub async fn run_on(
                 .await?;
         serde_json::to_value(whole)?
     };
-    let cost = {
-        // A role restarted by a chaos step has a new pid: measure the ones running now.
-        let probe = target.probe(&pool).await;
-        let after = probe.settled_sample().await?;
-        crate::cost::Cost::between(&cost_before, &after, proof.delivered)
-    };
+    let cost = crate::cost::Cost::between(&cost.0, &cost.1, proof.delivered);
     let first_submits = match &target.sim_log {
         Some(log) => Some(proof::first_submits(log)?),
         None => None,

@@ -309,7 +309,15 @@ fn a_postgres_crash_and_restart_under_load_lose_and_double_nothing() {
         .args(["--rate", "60", "--duration", "12s", "--partitions", "16"])
         // Durable: without fsync and synchronous commit, a crash loses commits the API
         // already acknowledged (the proof catches exactly that: `missing`).
-        .args(["--durable", "--batch", "2", "--seed", "21", "--retries", "8"])
+        .args([
+            "--durable",
+            "--batch",
+            "2",
+            "--seed",
+            "21",
+            "--retries",
+            "8",
+        ])
         .args([
             "--drain-timeout",
             "150s",
