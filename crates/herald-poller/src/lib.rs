@@ -41,7 +41,8 @@ pub struct PollerSettings {
     pub redrive_interval: Duration,
     /// A PROCESSING/PUBLISHED row older than this goes back to PENDING.
     pub stale_after: Duration,
-    /// Claims a row may use before it becomes DEAD.
+    /// Attempts a send may use before the re-drive of a stale CLAIMED makes it DEAD (a job
+    /// its queue store lost is returned without using one).
     pub max_attempts: u32,
     /// A send CLAIMED this long ago with no outcome recorded (its worker died) is re-driven.
     pub stale_claim_after: Duration,
@@ -380,8 +381,7 @@ impl Poller {
         let started = Instant::now();
         let (stale_after, max_attempts) = (self.settings.stale_after, self.settings.max_attempts);
         let lost_before = self.lost_before(fence.partition).await;
-        let unconfirmed =
-            redrive_stale(&self.pool, fence, stale_after, max_attempts, lost_before).await;
+        let unconfirmed = redrive_stale(&self.pool, fence, stale_after, lost_before).await;
         count_redriven(fence, "redrive", unconfirmed);
         let stale_claims = herald_store::outbox::redrive_stale_claims(
             &self.pool,

@@ -303,14 +303,16 @@ impl LostBefore {
 }
 
 /// Moves PROCESSING/PUBLISHED rows claimed longer than `stale_after` ago, and before their job
-/// type's `lost_before`, back to PENDING, or to DEAD once they used `max_attempts` claims.
-/// Nothing is deleted. A job waiting in a long stream is not stale: the poller passes the age
-/// of each store's oldest entry as `lost_before`.
+/// type's `lost_before`, back to PENDING and gives back the attempt their claim counted: no
+/// worker confirmed them, so no provider call was made for that claim, and a job its queue
+/// store lost is no fault of the message. Such a row never becomes DEAD here (only a worker's
+/// failures and stale claims count towards `--max-attempts`). Nothing is deleted. A job
+/// waiting in a long stream is not stale: the poller passes the age of each store's oldest
+/// entry as `lost_before`.
 pub async fn redrive_stale(
     pool: &PgPool,
     fence: Fence,
     stale_after: Duration,
-    max_attempts: u32,
     lost_before: LostBefore,
 ) -> Result<Redriven, StoreError> {
     let counts: Vec<(String, i64)> = measured(
@@ -321,33 +323,25 @@ pub async fn redrive_stale(
                  WHERE partition = $1 AND status IN ('PROCESSING', 'PUBLISHED')
                    AND claimed_at < now() - make_interval(secs => $3)
                    AND claimed_at < CASE job_type
-                       WHEN 'send' THEN coalesce(to_timestamp($5::float8 / 1000), 'infinity')
-                       ELSE coalesce(to_timestamp($6::float8 / 1000), 'infinity') END
+                       WHEN 'send' THEN coalesce(to_timestamp($4::float8 / 1000), 'infinity')
+                       ELSE coalesce(to_timestamp($5::float8 / 1000), 'infinity') END
                  FOR UPDATE SKIP LOCKED
              ), moved AS (
                  UPDATE outbox o
-                 SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
+                 SET status = 'PENDING', attempts = greatest(o.attempts - 1, 0),
                      last_error = 'stale: not confirmed by a worker in time, and gone from \
                                    its queue store'
                  FROM stale
                  WHERE o.partition = $1 AND o.id = stale.id
                    AND EXISTS (SELECT 1 FROM partition_leases l
                                WHERE l.partition = $1 AND l.epoch = $2)
-                 RETURNING o.id, o.status, o.message_id, o.job_type, o.attempts
-             ), dead_events AS (
-                 INSERT INTO message_events (message_id, state, detail)
-                 SELECT message_id, 'DEAD',
-                        jsonb_build_object('outbox_id', id, 'attempts', attempts,
-                                           'reason', 'attempt limit reached')
-                 FROM moved
-                 WHERE status = 'DEAD' AND job_type = 'send' AND message_id IS NOT NULL
+                 RETURNING o.status
              )
              SELECT status, count(*) FROM moved GROUP BY status",
         )
         .bind(fence.partition as i32)
         .bind(fence.epoch)
         .bind(stale_after.as_secs_f64())
-        .bind(max_attempts as i32)
         .bind(lost_before.send_ms.map(|ms| ms as f64))
         .bind(lost_before.status_ms.map(|ms| ms as f64))
         .fetch_all(pool),
@@ -358,13 +352,15 @@ pub async fn redrive_stale(
 
 /// Returns rows a previous owner claimed but never published to PENDING at once, without
 /// waiting for them to go stale: a claim under an older epoch can never be marked (the fence
-/// refuses it), so its rows would otherwise sit until the re-drive timeout. Rows already
-/// PUBLISHED are in a stream and are left to the workers. Returns how many rows moved.
+/// refuses it), so its rows would otherwise sit until the re-drive timeout. The attempt the
+/// claim counted is given back: a handoff is no fault of the message. Rows already PUBLISHED
+/// are in a stream and are left to the workers. Returns how many rows moved.
 pub async fn redrive_orphaned(pool: &PgPool, fence: Fence) -> Result<u64, StoreError> {
     let done = measured(
         Operation::Redrive,
         sqlx::query(
             "UPDATE outbox SET status = 'PENDING', claimed_at = NULL,
+                               attempts = greatest(attempts - 1, 0),
                                last_error = 'claimed by a previous owner, never published'
              WHERE partition = $1 AND status = 'PROCESSING' AND claimed_epoch < $2
                AND EXISTS (SELECT 1 FROM partition_leases l

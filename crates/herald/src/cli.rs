@@ -262,7 +262,8 @@ pub struct PollerArgs {
     #[arg(long, env = "HERALD_POLLER_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub stale_after: Duration,
-    /// Claims a row may use before it becomes DEAD.
+    /// Attempts a send may use before the re-drive of a stale CLAIMED makes it DEAD (a job
+    /// its queue store lost is returned without using one).
     #[arg(long, env = "HERALD_MAX_ATTEMPTS", default_value_t = 10)]
     pub max_attempts: u32,
     /// A send CLAIMED this long ago whose worker recorded no outcome is sent again (same

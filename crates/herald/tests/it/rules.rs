@@ -186,6 +186,16 @@ async fn r3_a_redis_restart_before_workers_took_the_jobs_is_redriven() {
         .metric(&herald.poller_admins[0], "herald_outbox_redriven_total")
         .await;
     assert!(redriven >= 300.0, "re-driven {redriven}");
+    // The store lost the jobs, the messages did nothing wrong: the lost claim's attempt was
+    // given back, and each send used exactly the one attempt that reached a worker.
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM outbox WHERE job_type = 'send' AND attempts <> 1"
+        )
+        .await,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
