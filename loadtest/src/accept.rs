@@ -144,9 +144,9 @@ pub async fn main(args: AcceptArgs) -> anyhow::Result<i32> {
             format!("batch of {size}")
         };
         eprintln!("accept: {name}: API for {:?}", args.duration);
-        let pg_cpu = postgres_cpu_s(pg.data_dir());
-        let api_cpu = process_cpu_s(api_pid);
-        let client_cpu = process_cpu_s(std::process::id() as i32);
+        let pg_cpu = crate::cost::postgres_cpu_s(pg.data_dir());
+        let api_cpu = crate::cost::cpu_s(api_pid, false);
+        let client_cpu = crate::cost::cpu_s(std::process::id() as i32, false);
         let metrics_before = scrape(&api_url).await;
         let (sent, errors) = load_api(&api_url, size, &args).await?;
         let metrics_after = scrape(&api_url).await;
@@ -163,13 +163,13 @@ pub async fn main(args: AcceptArgs) -> anyhow::Result<i32> {
         } else {
             0.0
         };
-        let client_cpu = process_cpu_s(std::process::id() as i32) - client_cpu;
-        let api_cpu = process_cpu_s(api_pid) - api_cpu;
-        let pg_cpu_api = postgres_cpu_s(pg.data_dir()) - pg_cpu;
+        let client_cpu = crate::cost::cpu_s(std::process::id() as i32, false) - client_cpu;
+        let api_cpu = crate::cost::cpu_s(api_pid, false) - api_cpu;
+        let pg_cpu_api = crate::cost::postgres_cpu_s(pg.data_dir()) - pg_cpu;
         eprintln!("accept: {name}: pgbench for {:?}", args.duration);
-        let pg_cpu = postgres_cpu_s(pg.data_dir());
+        let pg_cpu = crate::cost::postgres_cpu_s(pg.data_dir());
         let tps = pgbench(&database_url, dir.path(), size, &args).await?;
-        let pg_cpu_bench = postgres_cpu_s(pg.data_dir()) - pg_cpu;
+        let pg_cpu_bench = crate::cost::postgres_cpu_s(pg.data_dir()) - pg_cpu;
         let seconds = args.duration.as_secs_f64();
         let api_rate = sent as f64 / seconds;
         let bench_rate = tps * size as f64;
@@ -387,14 +387,6 @@ pub fn parse_tps(output: &str) -> Option<f64> {
         .next()?
         .parse()
         .ok()
-}
-
-fn process_cpu_s(pid: i32) -> f64 {
-    crate::cost::cpu_s(pid, false)
-}
-
-fn postgres_cpu_s(data_dir: &Path) -> f64 {
-    crate::cost::postgres_cpu_s(data_dir)
 }
 
 #[cfg(test)]

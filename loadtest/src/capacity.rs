@@ -150,14 +150,7 @@ pub async fn main(args: CapacityArgs) -> anyhow::Result<i32> {
         capacity: pass,
         half,
     };
-    let path = args.out.join(format!(
-        "capacity-{}.json",
-        started_at.format("%Y%m%d-%H%M%S")
-    ));
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
-    println!("{}", render(&report));
-    println!("report: {}", path.display());
+    crate::cost::write_report(&args.out, "capacity", started_at, &report, &render(&report))?;
     Ok(if report.capacity.is_some() { 0 } else { 1 })
 }
 

@@ -291,22 +291,31 @@ pub fn postgres_cpu_s(data_dir: &Path) -> f64 {
     else {
         return 0.0;
     };
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0.0;
-    };
-    let children: f64 = entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| parent_of(*pid) == Some(postmaster))
+    let children: f64 = herald_testkit::children_of(postmaster)
+        .into_iter()
         .map(|pid| cpu_s(pid, false))
         .sum();
     cpu_s(postmaster, true) + children
 }
 
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(1)?.parse().ok()
+/// Writes a benchmark's JSON report as `<out>/<kind>-<start time>.json`, prints `text` and
+/// where the report is.
+pub fn write_report(
+    out: &Path,
+    kind: &str,
+    started_at: chrono::DateTime<chrono::Utc>,
+    report: &impl Serialize,
+    text: &str,
+) -> anyhow::Result<PathBuf> {
+    let path = out.join(format!(
+        "{kind}-{}.json",
+        started_at.format("%Y%m%d-%H%M%S")
+    ));
+    std::fs::create_dir_all(out)?;
+    std::fs::write(&path, serde_json::to_vec_pretty(report)?)?;
+    println!("{text}");
+    println!("report: {}", path.display());
+    Ok(path)
 }
 
 #[cfg(test)]

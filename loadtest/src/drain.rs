@@ -200,13 +200,7 @@ pub async fn main(mut args: DrainArgs) -> anyhow::Result<i32> {
         proof,
         cost,
     };
-    let path = args
-        .out
-        .join(format!("drain-{}.json", started_at.format("%Y%m%d-%H%M%S")));
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
-    println!("{}", render(&report));
-    println!("report: {}", path.display());
+    crate::cost::write_report(&args.out, "drain", started_at, &report, &render(&report))?;
     Ok(i32::from(!(report.proof.ok() && report.settled)))
 }
 

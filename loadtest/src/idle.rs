@@ -71,13 +71,7 @@ pub async fn main(mut args: IdleArgs) -> anyhow::Result<i32> {
         row_writes_per_s: cost.row_writes_per_message,
         wal_bytes_per_s: cost.wal_bytes_per_message,
     };
-    let path = args
-        .out
-        .join(format!("idle-{}.json", started_at.format("%Y%m%d-%H%M%S")));
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
-    println!("{}", render(&report));
-    println!("report: {}", path.display());
+    crate::cost::write_report(&args.out, "idle", started_at, &report, &render(&report))?;
     Ok(0)
 }
 

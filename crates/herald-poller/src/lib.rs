@@ -39,7 +39,8 @@ pub struct PollerSettings {
     pub poll_interval: Duration,
     /// How often stale rows are looked for.
     pub redrive_interval: Duration,
-    /// A PROCESSING/PUBLISHED row older than this goes back to PENDING.
+    /// A PROCESSING/PUBLISHED row older than this goes back to PENDING, if its queue store
+    /// no longer holds it.
     pub stale_after: Duration,
     /// Attempts a send may use before the re-drive of a stale CLAIMED makes it DEAD (a job
     /// its queue store lost is returned without using one).
@@ -83,7 +84,7 @@ pub struct Poller {
     /// Bounds publishes over all partitions when `publish_concurrency` is set.
     publish_slots: Option<Arc<Semaphore>>,
     /// Drains every partition that asks at about the same time in one claim, one publish per
-    /// store and one mark (none with `publish_concurrency` set: the starting point's shape).
+    /// store (no mark; none with `publish_concurrency` set: the starting point's shape).
     drainer: Option<GroupCommit<DrainRequest, Result<Drained, StoreError>>>,
     /// The moment every idle wait is aligned to: idle partitions wake on the same ticks, so
     /// the drainer asks for all of them in one claim instead of one claim per partition
@@ -91,7 +92,7 @@ pub struct Poller {
     ticks_from: tokio::time::Instant,
 }
 
-/// A partition task asking for one round of claim, publish and mark.
+/// A partition task asking for one round of claim and publish.
 #[derive(Clone)]
 struct DrainRequest {
     fence: Fence,
@@ -156,7 +157,7 @@ impl Poller {
     }
 
     /// One round for one partition: through the shared drainer (every partition asking at
-    /// about the same time in one claim, one publish per store and one mark), or on its own in
+    /// about the same time in one claim and one publish per store), or on its own in
     /// the starting point's shape.
     async fn drain_round(&self, fence: Fence) -> anyhow::Result<Drained> {
         let Some(drainer) = &self.drainer else {

@@ -16,6 +16,7 @@ pub mod role;
 pub use deployment::{DeploymentOptions, LocalDeployment};
 pub use etcd::LocalEtcd;
 pub use postgres::{LocalPostgres, PostgresOptions};
+pub use process::children_of;
 pub use prometheus::{LocalPrometheus, ScrapeJob};
 pub use redis::{LocalRedis, RedisOptions};
 pub use role::RoleProcess;

@@ -199,11 +199,7 @@ impl LocalPostgres {
     /// would. Committed transactions survive (WAL); the next start recovers.
     pub async fn crash(&mut self) -> anyhow::Result<()> {
         let postmaster = self.process.pid().context("postgres is not running")?;
-        let children: Vec<i32> = std::fs::read_dir("/proc")?
-            .flatten()
-            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| parent_of(*pid) == Some(postmaster))
-            .collect();
+        let children = crate::process::children_of(postmaster);
         for child in &children {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(*child),
@@ -260,13 +256,6 @@ fn postgres_user() -> anyhow::Result<Option<(u32, u32)>> {
 
 fn path_str(path: &Path) -> anyhow::Result<&str> {
     path.to_str().context("non-UTF-8 path")
-}
-
-/// The parent pid of `pid`, from `/proc`.
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether `pid` still runs (a zombie waiting for its parent to reap it does not).

@@ -132,3 +132,24 @@ impl Managed {
         text[start..].to_owned()
     }
 }
+
+/// Every running process whose parent is `pid`, from `/proc` (a PostgreSQL server's
+/// backends, WAL writer, checkpointer… are the postmaster's children).
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| parent_of(*child) == Some(pid))
+        .collect()
+}
+
+/// The parent pid of `pid`, from `/proc/<pid>/stat` (fields after the command name, which may
+/// hold spaces, start after the last ')').
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
