@@ -154,16 +154,21 @@ impl Probe {
         })
     }
 
-    /// Waits until the statistics of every session have reached the shared counters
-    /// (PostgreSQL flushes a session's at most once a second, and an idle one within ten).
+    /// Waits until the statistics of every session have reached the shared counters: a busy
+    /// session publishes its counts at most a second late, but an idle one only after up to
+    /// ten seconds, so the counters must stay unchanged for eleven (at most 40 s in all).
     pub async fn settled_sample(&self) -> anyhow::Result<Sample> {
+        let writes = |s: &Sample| s.tables.values().map(TableWrites::total).sum::<f64>();
         let mut last = self.sample().await?;
-        for _ in 0..12 {
+        let mut unchanged_since = Instant::now();
+        let deadline = Instant::now() + std::time::Duration::from_secs(40);
+        while unchanged_since.elapsed() < std::time::Duration::from_secs(11)
+            && Instant::now() < deadline
+        {
             tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
             let next = self.sample().await?;
-            let writes = |s: &Sample| s.tables.values().map(TableWrites::total).sum::<f64>();
-            if writes(&next) == writes(&last) {
-                return Ok(next);
+            if writes(&next) != writes(&last) {
+                unchanged_since = Instant::now();
             }
             last = next;
         }
