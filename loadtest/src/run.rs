@@ -136,7 +136,7 @@ pub struct LocalArgs {
     /// PostgreSQL with fsync and synchronous commit, as `herald dev` runs it.
     #[arg(long)]
     pub durable: bool,
-    /// Short recovery timers (lease TTL 3s, re-drive after 20s, stale claims after 8s,
+    /// Short recovery timers (lease TTL 3s, re-drive after 20s, claim leases of 8s,
     /// reclaim after 3s), so chaos is recovered within a short run. On by itself when the
     /// scenario has steps; otherwise every role runs with Herald's defaults.
     #[arg(long)]

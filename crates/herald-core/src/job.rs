@@ -67,7 +67,8 @@ pub struct Job {
     pub partition: u32,
     pub job_type: JobType,
     pub message_id: Option<uuid::Uuid>,
-    /// Which claim of the outbox row published this copy (1 for the first).
+    /// Provider attempts the outbox row had used when this copy was published (0 for a
+    /// fresh send). The worker's confirm charges the next one and answers its number.
     pub attempt: i32,
     /// Job-type specific data; empty for sends, which read the message itself.
     pub payload: serde_json::Value,

@@ -113,6 +113,19 @@ pub fn parse_timestamp(value: &Value) -> Result<DateTime<Utc>, ReceiptError> {
     }
 }
 
+/// How coarse a timestamp [`parse_timestamp`] read is: the provider wrote the receipt up to
+/// this long after the time it states (`YYMMDDhhmm` names a minute, Unix seconds and RFC 3339
+/// without a fraction a second).
+pub fn timestamp_resolution(value: &Value) -> std::time::Duration {
+    match value {
+        Value::String(s) if s.len() == 10 && s.bytes().all(|b| b.is_ascii_digit()) => {
+            std::time::Duration::from_secs(60)
+        }
+        Value::String(s) if s.contains('.') => std::time::Duration::ZERO,
+        _ => std::time::Duration::from_secs(1),
+    }
+}
+
 /// Whether a state ends the delivery story (no later receipt is expected).
 pub fn is_final(state: MessageState) -> bool {
     matches!(
@@ -209,6 +222,22 @@ mod tests {
         assert_eq!(
             routing_id(br#"{"provider_id":5,"status":"x","timestamp":1}"#),
             Some("5".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_timestamp_names_a_moment_no_finer_than_its_format() {
+        use std::time::Duration;
+        let resolution = |v: Value| timestamp_resolution(&v);
+        assert_eq!(resolution(json!("2612021504")), Duration::from_secs(60));
+        assert_eq!(resolution(json!(1_796_000_000)), Duration::from_secs(1));
+        assert_eq!(
+            resolution(json!("2026-12-02T15:04:05Z")),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            resolution(json!("2026-12-02T15:04:05.123Z")),
+            Duration::ZERO
         );
     }
 }

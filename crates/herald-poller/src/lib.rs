@@ -42,11 +42,6 @@ pub struct PollerSettings {
     /// A PROCESSING/PUBLISHED row older than this goes back to PENDING, if its queue store
     /// no longer holds it.
     pub stale_after: Duration,
-    /// Attempts a send may use before the re-drive of a stale CLAIMED makes it DEAD (a job
-    /// its queue store lost is returned without using one).
-    pub max_attempts: u32,
-    /// A send CLAIMED this long ago with no outcome recorded (its worker died) is re-driven.
-    pub stale_claim_after: Duration,
     /// Pause after the queue store refused a publish.
     pub publish_backoff: Duration,
     /// Most publishes in flight at once over all partitions (0: no limit, one per owned
@@ -62,8 +57,6 @@ impl Default for PollerSettings {
             poll_interval: Duration::from_millis(500),
             redrive_interval: Duration::from_secs(15),
             stale_after: Duration::from_secs(120),
-            max_attempts: 10,
-            stale_claim_after: Duration::from_secs(300),
             publish_backoff: Duration::from_secs(1),
             publish_concurrency: 0,
         }
@@ -376,21 +369,16 @@ impl Poller {
     }
 
     /// Both re-drive passes over one partition: rows claimed or published but never
-    /// confirmed (rule R3), and sends whose worker died after CLAIMED (rule R4). A deposed
+    /// confirmed (rule R3), and sends whose worker stopped renewing its claim's lease after
+    /// CLAIMED (rule R4). Neither charges an attempt or makes a row DEAD. A deposed
     /// owner's re-drive changes nothing (the fence); the next claim notices and stops the task.
     async fn redrive(&self, fence: Fence) {
         let started = Instant::now();
-        let (stale_after, max_attempts) = (self.settings.stale_after, self.settings.max_attempts);
+        let stale_after = self.settings.stale_after;
         let lost_before = self.lost_before(fence.partition).await;
         let unconfirmed = redrive_stale(&self.pool, fence, stale_after, lost_before).await;
         count_redriven(fence, "redrive", unconfirmed);
-        let stale_claims = herald_store::outbox::redrive_stale_claims(
-            &self.pool,
-            fence,
-            self.settings.stale_claim_after,
-            max_attempts,
-        )
-        .await;
+        let stale_claims = herald_store::outbox::redrive_stale_claims(&self.pool, fence).await;
         count_redriven(fence, "stale_claim", stale_claims);
         ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
     }
@@ -409,7 +397,7 @@ fn shard_of(
 
 /// One round for many partitions: one claim statement for all of them, which leaves the rows
 /// PUBLISHED, and one pipelined publish per queue store; no mark. A store that refuses its
-/// publish gets its jobs' rows released (attempt given back) and their partitions back off;
+/// publish gets its jobs' rows released (uncharged) and their partitions back off;
 /// the other stores' jobs stay as claimed. Answers each request's outcome, in order.
 async fn drain_together(
     pool: &PgPool,
@@ -505,19 +493,15 @@ fn count_redriven(
 ) {
     match result {
         Ok(moved) => {
-            if moved.pending > 0 || moved.dead > 0 {
+            if moved.pending > 0 {
                 tracing::warn!(
                     partition = fence.partition,
                     stage,
                     pending = moved.pending,
-                    dead = moved.dead,
                     "re-drove outbox rows nobody finished"
                 );
             }
             ::metrics::counter!(m::REDRIVEN, "to" => "pending").increment(moved.pending);
-            ::metrics::counter!(m::REDRIVEN, "to" => "dead").increment(moved.dead);
-            ::metrics::counter!(herald_store::metrics::DEAD, "stage" => stage)
-                .increment(moved.dead);
         }
         Err(err) => {
             tracing::warn!(partition = fence.partition, stage, error = %err, "re-drive failed")

@@ -1,8 +1,11 @@
 //! The provider simulator: a real HTTP server that behaves like an SMS or e-mail gateway.
 //! `POST /v1/submit` with an `Idempotency-Key` answers `{provider_id, gateway}`; a repeated
 //! key answers the first answer again (and is counted as a duplicate submit). Provider ids are
-//! short counters per gateway that wrap, so two gateways issue the same id. Latency, errors
-//! and timeouts are injected by configurable rates. Every first submit of a key is appended to
+//! short counters per gateway that wrap, so two gateways issue the same id. A submit whose key
+//! is still being submitted by another request answers 409, as real gateways do.
+//! `GET /v1/submits/{key}` answers what a submit under the key got (404: none took effect),
+//! which is how a client settles a submit whose answer it lost. Latency, errors and timeouts
+//! are injected by configurable rates. Every first submit of a key is appended to
 //! a log file before it is answered, so delivery can be proven after any crash, and the log is
 //! read back on start.
 
@@ -95,6 +98,9 @@ pub struct Stats {
     pub receipts_sent: u64,
     /// Receipts given up on after every retry failed.
     pub receipts_failed: u64,
+    /// Submits answered 409 because another submit under the same key was in progress.
+    #[serde(default)]
+    pub conflicts: u64,
 }
 
 #[derive(Clone)]
@@ -103,6 +109,39 @@ struct Sim {
     faults: Arc<std::sync::Mutex<Faults>>,
     record: Arc<tokio::sync::Mutex<Record>>,
     receipts: Option<receipts::Sender>,
+    /// Keys whose submit is being answered now.
+    in_progress: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+/// Marks a key's submit in progress until dropped.
+struct InProgress {
+    keys: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    key: String,
+}
+
+impl InProgress {
+    /// `None` when another submit under `key` is in progress.
+    fn start(
+        keys: &Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+        key: &str,
+    ) -> Option<Self> {
+        let mut held = keys.lock().ok()?;
+        if !held.insert(key.to_owned()) {
+            return None;
+        }
+        Some(Self {
+            keys: keys.clone(),
+            key: key.to_owned(),
+        })
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.keys.lock() {
+            held.remove(&self.key);
+        }
+    }
 }
 
 /// Builds the simulator's router; the log is opened (and read back) here.
@@ -151,11 +190,13 @@ pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
         settings: Arc::new(settings),
         record,
         receipts: receipts.transpose()?,
+        in_progress: Default::default(),
     };
     Ok(Router::new()
         .route("/v1/submit", post(submit))
         .route("/v1/stats", get(stats))
         .route("/v1/submits", get(submits))
+        .route("/v1/submits/{key}", get(lookup))
         .route("/v1/effects", get(effects))
         .route("/v1/faults", get(get_faults).put(set_faults))
         .with_state(sim))
@@ -196,6 +237,14 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
     if request.recipient.is_empty() {
         return error(StatusCode::UNPROCESSABLE_ENTITY, "recipient is empty");
     }
+    let Some(_in_progress) = InProgress::start(&sim.in_progress, &key) else {
+        sim.record.lock().await.count_conflict();
+        metrics::counter!("herald_sim_submits_total", "outcome" => "conflict").increment(1);
+        return error(
+            StatusCode::CONFLICT,
+            "a submit with this Idempotency-Key is in progress; retry later",
+        );
+    };
     let faults = sim.faults.lock().map(|f| *f).unwrap_or_default();
     let (latency, fail, time_out, reject) = {
         let mut rng = rand::rng();
@@ -278,6 +327,20 @@ async fn set_faults(State(sim): State<Sim>, Json(faults): Json<Faults>) -> Respo
 
 async fn stats(State(sim): State<Sim>) -> Json<Stats> {
     Json(sim.record.lock().await.stats())
+}
+
+/// `GET /v1/submits/{key}`: the answer a submit under `key` got, or 404 when none took effect.
+async fn lookup(
+    State(sim): State<Sim>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Response {
+    match sim.record.lock().await.lookup(&key) {
+        Some(answer) => Json(answer).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "no submit under this key took effect",
+        ),
+    }
 }
 
 /// Every key with its submit count, one `key count` line each.

@@ -156,6 +156,16 @@ impl Record {
         Ok(answer)
     }
 
+    /// What a submit under `key` got, without submitting: the first answer, or `None` when no
+    /// submit under it took effect.
+    pub fn lookup(&self, key: &str) -> Option<SubmitAnswer> {
+        self.answers.get(key).map(|(first, _)| first.clone())
+    }
+
+    pub fn count_conflict(&mut self) {
+        self.stats.conflicts += 1;
+    }
+
     /// Records, before any is posted, the receipts a first submit of `key` gets.
     pub fn plan_receipts(
         &mut self,

@@ -21,6 +21,13 @@ pub struct OwnedSend {
     /// The ledger already holds this message's effect (an earlier attempt got through): the
     /// worker must not call the provider again.
     pub already_accepted: bool,
+    /// Which attempt this is: confirms charged to the row, this one included. Past the
+    /// worker's `max_attempts`, the attempt only asks the provider what became of the key.
+    pub attempt: i32,
+    /// The claim's lease token (`None` when already accepted: nothing is in flight). Every
+    /// later write of this attempt presents it, and the worker renews it
+    /// ([`renew_leases`]) until its outcome is written.
+    pub lease: Option<Uuid>,
 }
 
 /// Marks the outbox row DONE and appends CLAIMED to its message, in one statement. Returns
@@ -33,8 +40,9 @@ pub async fn confirm_ownership(
     partition: u32,
     outbox_id: i64,
     worker: &str,
+    lease: Duration,
 ) -> Result<Option<OwnedSend>, StoreError> {
-    let owned = confirm_ownership_batch(pool, &[(partition, outbox_id)], worker).await?;
+    let owned = confirm_ownership_batch(pool, &[(partition, outbox_id)], worker, lease).await?;
     Ok(owned.into_iter().next().map(|o| o.send))
 }
 
@@ -47,14 +55,17 @@ pub struct OwnedFromBatch {
 }
 
 /// [`confirm_ownership`] for many jobs in one statement (one transaction): every row still
-/// PROCESSING/PUBLISHED becomes DONE and its message gets CLAIMED (unless already ACCEPTED) and
-/// an `in_flight_sends` row. Rows another copy finished are left out of the answer. Rows are
-/// locked in (partition, id) order, so two workers confirming overlapping batches queue
-/// behind each other instead of deadlocking.
+/// PROCESSING/PUBLISHED becomes DONE and is charged an attempt (this is where attempts are
+/// counted: a confirm is followed by a provider call), and its message gets CLAIMED (unless
+/// already ACCEPTED) and an `in_flight_sends` row holding a fresh lease token, valid for
+/// `lease`. Rows another copy finished are left out of the answer. Rows are locked in
+/// (partition, id) order, so two workers confirming overlapping batches queue behind each
+/// other instead of deadlocking.
 pub async fn confirm_ownership_batch(
     pool: &PgPool,
     jobs: &[(u32, i64)],
     worker: &str,
+    lease: Duration,
 ) -> Result<Vec<OwnedFromBatch>, StoreError> {
     if jobs.is_empty() {
         return Ok(Vec::new());
@@ -64,7 +75,8 @@ pub async fn confirm_ownership_batch(
     sorted.dedup();
     let partitions: Vec<i32> = sorted.iter().map(|(p, _)| *p as i32).collect();
     let ids: Vec<i64> = sorted.iter().map(|(_, id)| *id).collect();
-    let rows: Vec<(i32, i64, Uuid, String, Json<Value>, bool)> = measured(
+    #[allow(clippy::type_complexity)]
+    let rows: Vec<(i32, i64, Uuid, String, Json<Value>, bool, i32, Option<Uuid>)> = measured(
         Operation::Confirm,
         sqlx::query_as(
             "WITH input AS (
@@ -76,7 +88,7 @@ pub async fn confirm_ownership_batch(
                  ORDER BY o.partition, o.id
                  FOR UPDATE OF o
              ), done AS (
-                 UPDATE outbox o SET status = 'DONE'
+                 UPDATE outbox o SET status = 'DONE', attempts = o.attempts + 1
                  FROM locked l
                  WHERE o.partition = l.partition AND o.id = l.id
                    AND o.status IN ('PROCESSING', 'PUBLISHED')
@@ -84,7 +96,8 @@ pub async fn confirm_ownership_batch(
              ), owned AS (
                  SELECT done.partition, done.id, done.message_id, done.attempts,
                         EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = done.message_id)
-                            AS accepted
+                            AS accepted,
+                        gen_random_uuid() AS lease
                  FROM done
              ), claimed AS (
                  INSERT INTO message_events (message_id, state, detail)
@@ -93,25 +106,38 @@ pub async fn confirm_ownership_batch(
                                            'attempt', attempts)
                  FROM owned WHERE NOT accepted
              ), in_flight AS (
-                 INSERT INTO in_flight_sends (message_id, partition, outbox_id)
-                 SELECT message_id, partition, id FROM owned WHERE NOT accepted
+                 INSERT INTO in_flight_sends (message_id, partition, outbox_id, lease, lease_until)
+                 SELECT message_id, partition, id, lease, now() + make_interval(secs => $4)
+                 FROM owned WHERE NOT accepted
                  ON CONFLICT (message_id) DO UPDATE
                      SET partition = EXCLUDED.partition, outbox_id = EXCLUDED.outbox_id,
-                         claimed_at = now()
+                         claimed_at = now(), lease = EXCLUDED.lease,
+                         lease_until = EXCLUDED.lease_until
              )
-             SELECT owned.partition, owned.id, m.id, m.recipient, m.body, owned.accepted
+             SELECT owned.partition, owned.id, m.id, m.recipient, m.body, owned.accepted,
+                    owned.attempts, CASE WHEN owned.accepted THEN NULL ELSE owned.lease END
              FROM owned JOIN messages m ON m.id = owned.message_id",
         )
         .bind(&partitions)
         .bind(&ids)
         .bind(worker)
+        .bind(lease.as_secs_f64())
         .fetch_all(pool),
     )
     .await?;
     Ok(rows
         .into_iter()
         .map(
-            |(partition, outbox_id, message_id, recipient, Json(body), already_accepted)| {
+            |(
+                partition,
+                outbox_id,
+                message_id,
+                recipient,
+                Json(body),
+                already_accepted,
+                attempt,
+                lease,
+            )| {
                 OwnedFromBatch {
                     partition: partition as u32,
                     outbox_id,
@@ -120,6 +146,8 @@ pub async fn confirm_ownership_batch(
                         recipient,
                         body,
                         already_accepted,
+                        attempt,
+                        lease,
                     },
                 }
             },
@@ -137,7 +165,9 @@ pub struct AcceptedEffect {
 
 /// [`record_accepted`] for many effects in one statement (group commit): ledger rows (ON
 /// CONFLICT DO NOTHING), ACCEPTED events, the sends no longer in flight and now awaiting their
-/// receipts. Answers, per effect in input order, whether its ledger row is new.
+/// receipts. A ledger row records when the effect's first attempt started (its message's
+/// first CLAIMED): receipts are matched to it by that time. Answers, per effect in input
+/// order, whether its ledger row is new.
 pub async fn record_accepted_batch(
     pool: &PgPool,
     effects: &[AcceptedEffect],
@@ -159,8 +189,13 @@ pub async fn record_accepted_batch(
                  SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[])
                      AS t(idempotency_key, message_id, gateway, provider_id)
              ), effect AS (
-                 INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
-                 SELECT idempotency_key, message_id, gateway, provider_id FROM input
+                 INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id,
+                                     submitted_at)
+                 SELECT idempotency_key, message_id, gateway, provider_id,
+                        coalesce((SELECT min(e.at) FROM message_events e
+                                  WHERE e.message_id = input.message_id
+                                    AND e.state = 'CLAIMED'), now())
+                 FROM input
                  ORDER BY idempotency_key
                  ON CONFLICT (idempotency_key) DO NOTHING
                  RETURNING idempotency_key, message_id, gateway, provider_id
@@ -236,50 +271,86 @@ pub async fn record_accepted(
 pub enum RetryOutcome {
     /// The outbox row is PENDING again, due after the back-off.
     Scheduled,
-    /// The row used its last attempt and is DEAD.
+    /// The row used its last attempt, the provider surely has no effect, and it is DEAD.
     Dead,
-    /// The row was not DONE (someone else moved it); nothing changed.
+    /// The row was not DONE under this attempt's lease (someone else moved it, or the lease
+    /// ran out and the claim was re-driven); nothing changed.
     NotOwned,
 }
 
+/// Whether the provider surely did nothing with an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// A definite answer without effect (a 503 it promised had no effect, a 429, no
+    /// connection at all, or a lookup that found no submit under the key).
+    NoEffect,
+    /// Nobody knows (a timeout, a connection lost mid-request, a 5xx, a 409 "in progress"):
+    /// the row is never DEAD for it, however many attempts it used; once they are used up, the
+    /// next attempt asks the provider by key instead of submitting.
+    Unknown,
+}
+
+/// The attempt being given up on, by its lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryOf<'a> {
+    pub partition: u32,
+    pub outbox_id: i64,
+    /// The claim's lease token: a worker whose lease ran out writes nothing.
+    pub lease: Uuid,
+    pub reason: &'a str,
+    pub end: AttemptEnd,
+}
+
 /// Returns a DONE send row to PENDING, due after `backoff`, and appends RETRYING with the
-/// reason; past `max_attempts` the row becomes DEAD and the message gets a DEAD event.
+/// reason. A row that used `max_attempts` and whose last attempt surely had no effect becomes
+/// DEAD with a DEAD event; one whose outcome is unknown stays PENDING (its next attempt
+/// settles it by asking the provider). Fenced by the attempt's lease.
 pub async fn schedule_retry(
     pool: &PgPool,
-    partition: u32,
-    outbox_id: i64,
-    reason: &str,
+    attempt: &RetryOf<'_>,
     backoff: Duration,
     max_attempts: u32,
 ) -> Result<RetryOutcome, StoreError> {
+    let unknown = attempt.end == AttemptEnd::Unknown;
     let status: Option<String> = measured(
         Operation::Retry,
         sqlx::query_scalar(
-            "WITH moved AS (
-                 UPDATE outbox
-                 SET status = CASE WHEN attempts >= $5 THEN 'DEAD' ELSE 'PENDING' END,
+            "WITH leased AS (
+                 DELETE FROM in_flight_sends s
+                 WHERE s.outbox_id = $2 AND s.partition = $1 AND s.lease = $6
+                 RETURNING s.message_id
+             ), moved AS (
+                 UPDATE outbox o
+                 SET status = CASE WHEN o.attempts >= $5 AND NOT $7 THEN 'DEAD' ELSE 'PENDING' END,
                      available_at = now() + make_interval(secs => $4),
                      claimed_at = NULL,
                      last_error = $3
-                 WHERE partition = $1 AND id = $2 AND status = 'DONE'
-                 RETURNING id, message_id, attempts, status
-             ), settled AS (
-                 DELETE FROM in_flight_sends s USING moved WHERE s.message_id = moved.message_id
+                 FROM leased
+                 WHERE o.partition = $1 AND o.id = $2 AND o.status = 'DONE'
+                   AND o.message_id = leased.message_id
+                 RETURNING o.id, o.message_id, o.attempts, o.status
              ), event AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id,
                         CASE WHEN status = 'DEAD' THEN 'DEAD' ELSE 'RETRYING' END,
                         jsonb_build_object('reason', $3::text, 'attempt', attempts,
-                                           'outbox_id', id)
+                                           'outbox_id', id,
+                                           'outcome', CASE WHEN $7 THEN 'unknown'
+                                                           ELSE 'no effect' END)
+                        || CASE WHEN $7 AND attempts >= $5
+                                THEN jsonb_build_object('next', 'ask the provider by key')
+                                ELSE '{}'::jsonb END
                  FROM moved
              )
              SELECT status FROM moved",
         )
-        .bind(partition as i32)
-        .bind(outbox_id)
-        .bind(reason)
+        .bind(attempt.partition as i32)
+        .bind(attempt.outbox_id)
+        .bind(attempt.reason)
         .bind(backoff.as_secs_f64())
         .bind(max_attempts as i32)
+        .bind(attempt.lease)
+        .bind(unknown)
         .fetch_optional(pool),
     )
     .await?;
@@ -288,6 +359,35 @@ pub async fn schedule_retry(
         Some(_) => RetryOutcome::Dead,
         None => RetryOutcome::NotOwned,
     })
+}
+
+/// Extends the leases of claims whose provider calls (or outcome writes) are still running,
+/// `(message id, lease token)` each, to `lease` from now, in one statement. Answers how many
+/// are still held: a claim the poller already re-drove is not renewed.
+pub async fn renew_leases(
+    pool: &PgPool,
+    held: &[(Uuid, Uuid)],
+    lease: Duration,
+) -> Result<u64, StoreError> {
+    if held.is_empty() {
+        return Ok(0);
+    }
+    let messages: Vec<Uuid> = held.iter().map(|(m, _)| *m).collect();
+    let leases: Vec<Uuid> = held.iter().map(|(_, l)| *l).collect();
+    let done = measured(
+        Operation::Renew,
+        sqlx::query(
+            "UPDATE in_flight_sends s SET lease_until = now() + make_interval(secs => $3)
+             FROM UNNEST($1::uuid[], $2::uuid[]) AS h(message_id, lease)
+             WHERE s.message_id = h.message_id AND s.lease = h.lease",
+        )
+        .bind(&messages)
+        .bind(&leases)
+        .bind(lease.as_secs_f64())
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Appends FAILED with the reason: the message will not be sent, because the provider refused

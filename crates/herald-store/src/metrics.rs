@@ -7,8 +7,8 @@ use std::time::Instant;
 /// Failed statements, by operation.
 pub const STORE_ERRORS: &str = "herald_store_errors_total";
 /// Outbox rows that used their last attempt and became DEAD, by where it was decided
-/// (`redrive`: never confirmed; `stale_claim`: worker died after CLAIMED; `retry`: provider
-/// kept failing).
+/// (`retry`: the provider answered every attempt without an effect; `settled`: the last
+/// attempt's outcome was unknown and the provider, asked by key, has no submit).
 pub const DEAD: &str = "herald_dead_total";
 
 /// A measured database operation. Each has its own histogram so a stage can be read alone.
@@ -28,10 +28,12 @@ pub enum Operation {
     ReceiptApply,
     Park,
     Reconcile,
+    Renew,
+    Hold,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 14] = [
+    pub const ALL: [Operation; 16] = [
         Operation::Accept,
         Operation::Claim,
         Operation::Mark,
@@ -46,6 +48,8 @@ impl Operation {
         Operation::ReceiptApply,
         Operation::Park,
         Operation::Reconcile,
+        Operation::Renew,
+        Operation::Hold,
     ];
 
     /// The operation's label value in [`STORE_ERRORS`].
@@ -65,6 +69,8 @@ impl Operation {
             Operation::ReceiptApply => "receipt_apply",
             Operation::Park => "park",
             Operation::Reconcile => "reconcile",
+            Operation::Renew => "renew",
+            Operation::Hold => "hold",
         }
     }
 
@@ -85,6 +91,8 @@ impl Operation {
             Operation::ReceiptApply => "herald_receipt_mapping_duration_seconds",
             Operation::Park => "herald_parking_write_duration_seconds",
             Operation::Reconcile => "herald_reconcile_duration_seconds",
+            Operation::Renew => "herald_claim_renew_duration_seconds",
+            Operation::Hold => "herald_receipt_hold_duration_seconds",
         }
     }
 
@@ -106,6 +114,10 @@ impl Operation {
             }
             Operation::Park => "Parking unknown input with its raw body.",
             Operation::Reconcile => "Marking silent messages UNKNOWN.",
+            Operation::Renew => "Renewing the leases of a worker's claims in flight.",
+            Operation::Hold => {
+                "Holding receipts whose send is not recorded yet, releasing or parking them."
+            }
         }
     }
 }
@@ -118,14 +130,14 @@ pub fn describe() {
     metrics::describe_counter!(STORE_ERRORS, "Failed database operations, by operation.");
     metrics::describe_counter!(
         DEAD,
-        "Outbox rows that became DEAD, by stage (redrive, stale_claim, retry)."
+        "Outbox rows that became DEAD, by stage (retry, settled)."
     );
     // Registered empty, so every stage shows from the first scrape (a zero count, not nothing).
     for op in Operation::ALL {
         let _ = metrics::histogram!(op.histogram());
         metrics::counter!(STORE_ERRORS, "operation" => op.label()).increment(0);
     }
-    for stage in ["redrive", "stale_claim", "retry"] {
+    for stage in ["retry", "settled"] {
         metrics::counter!(DEAD, "stage" => stage).increment(0);
     }
 }

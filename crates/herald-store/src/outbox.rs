@@ -17,8 +17,8 @@ use crate::StoreError;
 pub use herald_core::Fence;
 
 /// Claims up to `limit` PENDING rows that are due, oldest first, skipping rows another
-/// transaction holds. Claimed rows become PROCESSING with `claimed_at` set and `attempts`
-/// incremented. Fails with [`StoreError::Fenced`] (and claims nothing) when the fence's epoch
+/// transaction holds. Claimed rows become PROCESSING with `claimed_at` set (a claim charges
+/// no attempt: the worker's confirm does, before its provider call). Fails with [`StoreError::Fenced`] (and claims nothing) when the fence's epoch
 /// is no longer the partition's.
 pub async fn claim_pending(
     pool: &PgPool,
@@ -85,7 +85,7 @@ struct ClaimedRow {
 /// The claim, for many partitions in one statement: up to `limit` due PENDING rows of each
 /// fence's partition (oldest first, skipping rows another transaction holds, through the
 /// partition's partial index), of the job types open for it; claimed rows become PROCESSING
-/// or PUBLISHED (`claim_as`) with `claimed_at` set and `attempts` incremented. Answers, in
+/// or PUBLISHED (`claim_as`) with `claimed_at` set; no attempt is charged. Answers, in
 /// input order, the jobs
 /// claimed for each fence, or `Err(Fenced)` for a fence that no longer holds (nothing of its
 /// partition was claimed).
@@ -135,8 +135,7 @@ pub async fn claim_pending_many(
                  WHERE f.held
              ), claimed AS (
                  UPDATE outbox o
-                 SET status = $5, claimed_at = now(), attempts = o.attempts + 1,
-                     claimed_epoch = f.epoch
+                 SET status = $5, claimed_at = now(), claimed_epoch = f.epoch
                  FROM candidates c JOIN fences f ON f.ord = c.ord
                  WHERE o.partition = c.partition AND o.id = c.id
                  RETURNING f.ord, o.partition, o.id, o.job_type, o.message_id, o.payload,
@@ -229,9 +228,8 @@ pub async fn mark_published(pool: &PgPool, fence: Fence, ids: &[i64]) -> Result<
     Ok(done.rows_affected())
 }
 
-/// Returns claimed rows that could not be published to PENDING and gives back the attempt
-/// the claim counted: the job never reached the queue, so an outage of the queue store does
-/// not push rows towards DEAD. Only rows this fence claimed (PROCESSING, or PUBLISHED by a
+/// Returns claimed rows that could not be published to PENDING (a claim charged no attempt,
+/// so an outage of the queue store never pushes rows towards DEAD). Only rows this fence claimed (PROCESSING, or PUBLISHED by a
 /// [`ClaimAs::Published`] claim) move; one a worker already finished stays DONE.
 pub async fn release_unpublished(
     pool: &PgPool,
@@ -250,8 +248,7 @@ pub async fn release_unpublished(
                  ORDER BY id
                  FOR UPDATE
              )
-             UPDATE outbox o SET status = 'PENDING', claimed_at = NULL,
-                                 attempts = greatest(o.attempts - 1, 0)
+             UPDATE outbox o SET status = 'PENDING', claimed_at = NULL
              FROM locked l
              WHERE o.partition = $1 AND o.id = l.id
                AND o.status IN ('PROCESSING', 'PUBLISHED')",
@@ -270,8 +267,6 @@ pub async fn release_unpublished(
 pub struct Redriven {
     /// Stale rows returned to PENDING.
     pub pending: u64,
-    /// Stale rows past the attempt limit, now DEAD (with a DEAD event on their message).
-    pub dead: u64,
 }
 
 /// Per job type, the moment before which a published job that is still unconfirmed can only
@@ -303,10 +298,9 @@ impl LostBefore {
 }
 
 /// Moves PROCESSING/PUBLISHED rows claimed longer than `stale_after` ago, and before their job
-/// type's `lost_before`, back to PENDING and gives back the attempt their claim counted: no
-/// worker confirmed them, so no provider call was made for that claim, and a job its queue
-/// store lost is no fault of the message. Such a row never becomes DEAD here (only a worker's
-/// failures and stale claims count towards `--max-attempts`). Nothing is deleted. A job
+/// type's `lost_before`, back to PENDING, uncharged: no worker confirmed them, so no provider
+/// call was made for that claim, and a job its queue store lost is no fault of the message.
+/// Such a row never becomes DEAD here. Nothing is deleted. A job
 /// waiting in a long stream is not stale: the poller passes the age of each store's oldest
 /// entry as `lost_before`.
 pub async fn redrive_stale(
@@ -328,7 +322,7 @@ pub async fn redrive_stale(
                  FOR UPDATE SKIP LOCKED
              ), moved AS (
                  UPDATE outbox o
-                 SET status = 'PENDING', attempts = greatest(o.attempts - 1, 0),
+                 SET status = 'PENDING',
                      last_error = 'stale: not confirmed by a worker in time, and gone from \
                                    its queue store'
                  FROM stale
@@ -352,15 +346,14 @@ pub async fn redrive_stale(
 
 /// Returns rows a previous owner claimed but never published to PENDING at once, without
 /// waiting for them to go stale: a claim under an older epoch can never be marked (the fence
-/// refuses it), so its rows would otherwise sit until the re-drive timeout. The attempt the
-/// claim counted is given back: a handoff is no fault of the message. Rows already PUBLISHED
+/// refuses it), so its rows would otherwise sit until the re-drive timeout. A claim charges
+/// no attempt, so a handoff costs the message nothing. Rows already PUBLISHED
 /// are in a stream and are left to the workers. Returns how many rows moved.
 pub async fn redrive_orphaned(pool: &PgPool, fence: Fence) -> Result<u64, StoreError> {
     let done = measured(
         Operation::Redrive,
         sqlx::query(
             "UPDATE outbox SET status = 'PENDING', claimed_at = NULL,
-                               attempts = greatest(attempts - 1, 0),
                                last_error = 'claimed by a previous owner, never published'
              WHERE partition = $1 AND status = 'PROCESSING' AND claimed_epoch < $2
                AND EXISTS (SELECT 1 FROM partition_leases l
@@ -374,47 +367,49 @@ pub async fn redrive_orphaned(pool: &PgPool, fence: Fence) -> Result<u64, StoreE
     Ok(done.rows_affected())
 }
 
-/// Re-drives sends whose worker wrote CLAIMED and then never recorded an outcome within
-/// `stale_after` (it died before, during or after the provider call): the outbox row goes back
-/// to PENDING (or DEAD past `max_attempts`) with a RETRYING (or DEAD) event. The next attempt
-/// carries the same idempotency key, so a call the provider did take is not doubled.
-pub async fn redrive_stale_claims(
-    pool: &PgPool,
-    fence: Fence,
-    stale_after: Duration,
-    max_attempts: u32,
-) -> Result<Redriven, StoreError> {
+/// A claim written before claims had leases (by a worker of an earlier version during a
+/// rolling upgrade) is re-driven this long after it was made.
+pub const UNLEASED_CLAIM_STALE_AFTER: Duration = Duration::from_secs(300);
+
+/// Re-drives sends whose worker wrote CLAIMED and then stopped renewing the claim's lease
+/// before it recorded an outcome (it died or froze before, during or after the provider
+/// call): the outbox row goes back to PENDING with a RETRYING event saying the outcome is
+/// unknown. Never DEAD: the attempt was charged at the confirm, and once attempts are used up
+/// the next one asks the provider by key. The next attempt carries the same idempotency key,
+/// so a call the provider did take is not doubled; the frozen worker's own later writes
+/// present a lease that no longer exists and change nothing.
+pub async fn redrive_stale_claims(pool: &PgPool, fence: Fence) -> Result<Redriven, StoreError> {
     let counts: Vec<(String, i64)> = measured(
         Operation::Redrive,
         sqlx::query_as(
             "WITH stale AS (
                  DELETE FROM in_flight_sends s
-                 WHERE s.partition = $1 AND s.claimed_at < now() - make_interval(secs => $3)
+                 WHERE s.partition = $1
+                   AND coalesce(s.lease_until, s.claimed_at + make_interval(secs => $3)) < now()
                    AND EXISTS (SELECT 1 FROM partition_leases l
                                WHERE l.partition = $1 AND l.epoch = $2)
                  RETURNING s.message_id, s.outbox_id
              ), moved AS (
                  UPDATE outbox o
-                 SET status = CASE WHEN o.attempts >= $4 THEN 'DEAD' ELSE 'PENDING' END,
-                     claimed_at = NULL,
-                     last_error = 'stale CLAIMED: the worker recorded no outcome'
+                 SET status = 'PENDING', claimed_at = NULL,
+                     last_error = 'claim lease expired: the worker recorded no outcome'
                  FROM stale
                  WHERE o.partition = $1 AND o.id = stale.outbox_id AND o.status = 'DONE'
                    AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = stale.message_id)
                  RETURNING o.id, o.message_id, o.status, o.attempts
              ), events AS (
                  INSERT INTO message_events (message_id, state, detail)
-                 SELECT message_id, CASE WHEN status = 'DEAD' THEN 'DEAD' ELSE 'RETRYING' END,
-                        jsonb_build_object('reason', 'stale CLAIMED: the worker recorded no outcome',
-                                           'attempt', attempts, 'outbox_id', id)
+                 SELECT message_id, 'RETRYING',
+                        jsonb_build_object('reason', 'claim lease expired: the worker recorded no outcome',
+                                           'attempt', attempts, 'outbox_id', id,
+                                           'outcome', 'unknown')
                  FROM moved
              )
              SELECT status, count(*) FROM moved GROUP BY status",
         )
         .bind(fence.partition as i32)
         .bind(fence.epoch)
-        .bind(stale_after.as_secs_f64())
-        .bind(max_attempts as i32)
+        .bind(UNLEASED_CLAIM_STALE_AFTER.as_secs_f64())
         .fetch_all(pool),
     )
     .await?;
@@ -517,7 +512,6 @@ fn tally(counts: Vec<(String, i64)>) -> Result<Redriven, StoreError> {
     for (status, count) in counts {
         match status.as_str() {
             "PENDING" => redriven.pending = count as u64,
-            "DEAD" => redriven.dead = count as u64,
             other => {
                 return Err(StoreError::Corrupt(format!(
                     "re-drive moved a row to {other}"

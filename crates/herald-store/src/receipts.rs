@@ -137,8 +137,9 @@ pub async fn load_receipts(
     Ok(rows.into_iter().map(|r| (r.id, r)).collect())
 }
 
-/// [`message_for_receipt`] for many receipts in one query: `(gateway, provider id, received
-/// at)` each, answered in input order.
+/// [`message_for_receipt`] for many receipts in one query: `(gateway, provider id, written
+/// by)` each — the latest moment the provider can have written the receipt (its stated time
+/// plus the timestamp's resolution) — answered in input order.
 pub async fn messages_for_receipts(
     pool: &PgPool,
     receipts: &[(String, String, DateTime<Utc>)],
@@ -148,20 +149,21 @@ pub async fn messages_for_receipts(
     }
     let gateways: Vec<&str> = receipts.iter().map(|r| r.0.as_str()).collect();
     let provider_ids: Vec<&str> = receipts.iter().map(|r| r.1.as_str()).collect();
-    let received: Vec<DateTime<Utc>> = receipts.iter().map(|r| r.2).collect();
+    let times: Vec<DateTime<Utc>> = receipts.iter().map(|r| r.2).collect();
     let rows: Vec<(i64, Option<Uuid>)> = sqlx::query_as(
         "SELECT i.ord,
                 (SELECT l.message_id FROM ledger l
                  WHERE l.gateway = i.gateway AND l.provider_id = i.provider_id
-                   AND l.created_at <= i.received_at + make_interval(secs => $4)
-                 ORDER BY l.created_at DESC LIMIT 1)
+                   AND coalesce(l.submitted_at, l.created_at)
+                       <= i.provider_time + make_interval(secs => $4)
+                 ORDER BY coalesce(l.submitted_at, l.created_at) DESC LIMIT 1)
          FROM UNNEST($1::text[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
-              AS i(gateway, provider_id, received_at, ord)",
+              AS i(gateway, provider_id, provider_time, ord)",
     )
     .bind(&gateways)
     .bind(&provider_ids)
-    .bind(&received)
-    .bind(RECEIPT_RACE_WINDOW_SECS)
+    .bind(&times)
+    .bind(RECEIPT_CLOCK_SKEW.as_secs_f64())
     .fetch_all(pool)
     .await?;
     let mut out = vec![None; receipts.len()];
@@ -171,6 +173,177 @@ pub async fn messages_for_receipts(
         }
     }
     Ok(out)
+}
+
+/// How far the provider's clock may run behind PostgreSQL's: a receipt stamped up to this long
+/// (plus its timestamp's resolution) before its effect's first attempt started still belongs
+/// to it. A gateway must not reuse a provider id within this long plus its timestamps'
+/// resolution (a minute for `YYMMDDhhmm`); one issuing 65,535 ids wraps after about a minute
+/// at 1,000 messages a second.
+pub const RECEIPT_CLOCK_SKEW: Duration = Duration::from_secs(10);
+
+/// A receipt whose send is not recorded yet, to hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceiptToHold {
+    pub partition: u32,
+    pub outbox_id: i64,
+    pub receipt_id: i64,
+    pub gateway: String,
+    pub provider_id: String,
+    /// The latest moment the provider can have written it (stated time plus resolution).
+    pub provider_time: DateTime<Utc>,
+}
+
+/// Holds receipts no recorded send matches yet: each status job becomes DONE and its receipt
+/// waits in `held_receipts`, in one statement, charged nothing. [`release_held_receipts`]
+/// queues it again once a ledger row matches. Returns the (partition, outbox id) of the jobs
+/// held; the others were another copy's.
+pub async fn hold_receipts(
+    pool: &PgPool,
+    receipts: &[ReceiptToHold],
+) -> Result<Vec<(u32, i64)>, StoreError> {
+    if receipts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sorted: Vec<&ReceiptToHold> = receipts.iter().collect();
+    let held: Vec<(i32, i64)> = measured(
+        Operation::Hold,
+        sqlx::query_as(
+            "WITH input AS (
+                 SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::bigint[], $4::text[],
+                                      $5::text[], $6::timestamptz[])
+                     AS t(partition, id, receipt_id, gateway, provider_id, provider_time)
+             ), locked AS (
+                 SELECT o.partition, o.id FROM outbox o JOIN input i
+                     ON o.partition = i.partition AND o.id = i.id
+                 WHERE o.status IN ('PROCESSING', 'PUBLISHED')
+                 ORDER BY o.partition, o.id
+                 FOR UPDATE OF o
+             ), done AS (
+                 UPDATE outbox o SET status = 'DONE',
+                        last_error = 'held: no send with this provider id is recorded yet'
+                 FROM locked l
+                 WHERE o.partition = l.partition AND o.id = l.id
+                   AND o.status IN ('PROCESSING', 'PUBLISHED')
+                 RETURNING o.partition, o.id
+             ), held AS (
+                 INSERT INTO held_receipts (receipt_id, gateway, provider_id, provider_time,
+                                            partition)
+                 SELECT i.receipt_id, i.gateway, i.provider_id, i.provider_time, i.partition
+                 FROM input i JOIN done d ON d.partition = i.partition AND d.id = i.id
+                 ON CONFLICT (receipt_id) DO NOTHING
+             )
+             SELECT partition, id FROM done",
+        )
+        .bind(
+            sorted
+                .iter()
+                .map(|r| r.partition as i32)
+                .collect::<Vec<_>>(),
+        )
+        .bind(sorted.iter().map(|r| r.outbox_id).collect::<Vec<_>>())
+        .bind(sorted.iter().map(|r| r.receipt_id).collect::<Vec<_>>())
+        .bind(
+            sorted
+                .iter()
+                .map(|r| r.gateway.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            sorted
+                .iter()
+                .map(|r| r.provider_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(sorted.iter().map(|r| r.provider_time).collect::<Vec<_>>())
+        .fetch_all(pool),
+    )
+    .await?;
+    Ok(held
+        .into_iter()
+        .map(|(partition, id)| (partition as u32, id))
+        .collect())
+}
+
+/// Queues a new status job for every held receipt a ledger row now matches (at most `limit`),
+/// and stops holding it, in one statement; rows another worker is releasing are skipped.
+/// Answers the partition of each job queued, to wake their pollers.
+pub async fn release_held_receipts(pool: &PgPool, limit: i64) -> Result<Vec<u32>, StoreError> {
+    let partitions: Vec<i32> = measured(
+        Operation::Hold,
+        sqlx::query_scalar(
+            "WITH matched AS (
+                 SELECT h.receipt_id FROM held_receipts h
+                 WHERE EXISTS (
+                     SELECT 1 FROM ledger l
+                     WHERE l.gateway = h.gateway AND l.provider_id = h.provider_id
+                       AND coalesce(l.submitted_at, l.created_at)
+                           <= h.provider_time + make_interval(secs => $2))
+                 ORDER BY h.held_at
+                 LIMIT $1
+                 FOR UPDATE SKIP LOCKED
+             ), released AS (
+                 DELETE FROM held_receipts h USING matched m
+                 WHERE h.receipt_id = m.receipt_id
+                 RETURNING h.receipt_id, h.partition, h.held_at
+             ), queued AS (
+                 INSERT INTO outbox (partition, job_type, payload)
+                 SELECT partition, $3,
+                        jsonb_build_object('receipt_id', receipt_id, 'held_since', held_at)
+                 FROM released ORDER BY receipt_id
+                 RETURNING partition
+             )
+             SELECT partition FROM queued",
+        )
+        .bind(limit)
+        .bind(RECEIPT_CLOCK_SKEW.as_secs_f64())
+        .bind(JobType::Status.as_str())
+        .fetch_all(pool),
+    )
+    .await?;
+    Ok(partitions.into_iter().map(|p| p as u32).collect())
+}
+
+/// Parks receipts held longer than `hold_for` (no send with their provider id was ever
+/// recorded: a gateway misconfigured, or a receipt for another system), with their raw bodies
+/// and the reason, at most `limit`. Answers how many were parked.
+pub async fn park_expired_held(
+    pool: &PgPool,
+    hold_for: Duration,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    let done = measured(
+        Operation::Hold,
+        sqlx::query(
+            "WITH expired AS (
+                 DELETE FROM held_receipts
+                 WHERE receipt_id IN (SELECT receipt_id FROM held_receipts
+                                      WHERE held_at < now() - make_interval(secs => $1)
+                                      ORDER BY held_at LIMIT $2
+                                      FOR UPDATE SKIP LOCKED)
+                 RETURNING receipt_id, gateway, provider_id, held_at
+             )
+             INSERT INTO parking (job_type, receipt_id, raw, reason)
+             SELECT $3, e.receipt_id, r.raw,
+                    format('no send through gateway %s with provider id %s was recorded                             while the receipt was held (since %s)',
+                           e.gateway, e.provider_id, e.held_at)
+             FROM expired e JOIN receipts r ON r.id = e.receipt_id",
+        )
+        .bind(hold_for.as_secs_f64())
+        .bind(limit)
+        .bind(JobType::Status.as_str())
+        .execute(pool),
+    )
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Receipts held now (a gauge: a growing number means sends are recorded late, or receipts
+/// come for provider ids Herald never sent).
+pub async fn count_held(pool: &PgPool) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM held_receipts")
+        .fetch_one(pool)
+        .await?)
 }
 
 /// One mapped receipt to apply: its status job's outbox row, its message, the state.
@@ -266,20 +439,18 @@ pub async fn apply_receipts(
         .collect())
 }
 
-/// How much later than a receipt its effect's ledger row may be written: a provider may post the
-/// receipt before the worker recorded the provider's answer.
-pub const RECEIPT_RACE_WINDOW_SECS: f64 = 600.0;
-
-/// The message a receipt is about: the newest effect with this (gateway, provider id) recorded
-/// no later than [`RECEIPT_RACE_WINDOW_SECS`] after the receipt arrived. Provider ids are unique
-/// per gateway only and wrap, so an older effect with the same id is a different message.
+/// The message a receipt is about: the effect with this (gateway, provider id) whose first
+/// attempt started last, no later than the receipt was written (`written_by`, plus
+/// [`RECEIPT_CLOCK_SKEW`]).
+/// Provider ids are unique per gateway only and wrap, so a newer effect with the same id is a
+/// different message, however late the receipt arrives.
 pub async fn message_for_receipt(
     pool: &PgPool,
     gateway: &str,
     provider_id: &str,
-    received_at: DateTime<Utc>,
+    written_by: DateTime<Utc>,
 ) -> Result<Option<Uuid>, StoreError> {
-    let one = [(gateway.to_owned(), provider_id.to_owned(), received_at)];
+    let one = [(gateway.to_owned(), provider_id.to_owned(), written_by)];
     Ok(messages_for_receipts(pool, &one).await?.pop().flatten())
 }
 

@@ -53,10 +53,9 @@ impl DeploymentOptions {
 }
 
 /// Flags that make recovery from chaos fit in a short run: a short etcd lease, quick
-/// re-drives of stale rows and claims, quick reclaim of a dead worker's entries. They change
-/// how fast Herald notices a failure, not how fast it moves messages — as long as no job
-/// waits in a stream longer than `--stale-after`: past it, a waiting job is re-driven (and
-/// published again), and a long backlog turns into re-drives and DEAD rows.
+/// re-drives of lost rows, short claim leases, quick reclaim of a dead worker's entries. They
+/// change how fast Herald notices a failure, not how fast it moves messages: a job waiting in
+/// its stream is never re-driven, however long it waits.
 pub fn quick_recovery_flags(role: &str) -> Vec<String> {
     let flags: &[&str] = match role {
         "poller" => &[
@@ -66,12 +65,17 @@ pub fn quick_recovery_flags(role: &str) -> Vec<String> {
             "1s",
             "--stale-after",
             "20s",
-            "--stale-claim-after",
-            "8s",
             "--drain-timeout",
             "5s",
         ],
-        "worker" => &["--reclaim-idle", "3s", "--provider-timeout", "5s"],
+        "worker" => &[
+            "--reclaim-idle",
+            "3s",
+            "--provider-timeout",
+            "5s",
+            "--claim-lease",
+            "8s",
+        ],
         _ => &[],
     };
     flags.iter().map(|f| (*f).to_owned()).collect()

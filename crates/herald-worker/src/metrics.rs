@@ -2,7 +2,8 @@
 
 /// Jobs handled, by job type and outcome.
 pub const JOBS: &str = "herald_jobs_total";
-/// Provider calls, by outcome (accepted, rejected, error, timeout).
+/// Provider calls, by call (submit, lookup) and outcome (accepted, rejected, transient,
+/// unknown).
 pub const PROVIDER_CALLS: &str = "herald_provider_calls_total";
 pub const PROVIDER_CALL_DURATION: &str = "herald_provider_call_duration_seconds";
 /// Entries taken over from a consumer that stopped acknowledging.
@@ -20,15 +21,23 @@ pub const UNKNOWN: &str = "herald_unknown_total";
 pub const CONFIRMED: &str = "herald_ownership_confirmed_total";
 pub const IN_FLIGHT: &str = "herald_worker_jobs_in_flight";
 pub const CONCURRENCY_LIMIT: &str = "herald_worker_concurrency_limit";
+/// Sends whose attempts are used up while the outcome of the last one is unknown: their next
+/// attempt asks the provider by key instead of submitting.
+pub const SETTLING: &str = "herald_sends_settling_total";
+/// Receipts waiting for their send to be recorded (`held_receipts`).
+pub const HELD: &str = "herald_receipts_held";
+/// Held receipts queued again once their send was recorded.
+pub const RELEASED: &str = "herald_receipts_released_total";
 
 /// The `outcome` values of [`JOBS`] for sends and for receipts.
-pub const SEND_OUTCOMES: [&str; 11] = [
+pub const SEND_OUTCOMES: [&str; 12] = [
     "accepted",
     "accepted_again",
     "already_accepted",
     "rejected",
     "rejected_internal",
     "retry",
+    "retry_unknown",
     "retry_not_owned",
     "dead",
     "stale_copy",
@@ -38,7 +47,7 @@ pub const SEND_OUTCOMES: [&str; 11] = [
 pub const STATUS_OUTCOMES: [&str; 6] = [
     "applied",
     "parked",
-    "deferred",
+    "held",
     "stale_copy",
     "store_error",
     "wrong_job_type",
@@ -46,7 +55,7 @@ pub const STATUS_OUTCOMES: [&str; 6] = [
 /// The `state` values of [`RECEIPT_STATES`].
 pub const RECEIPT_STATE_VALUES: [&str; 4] = ["ENROUTE", "DELIVERED", "UNDELIVERED", "EXPIRED"];
 /// The `outcome` values of [`PROVIDER_CALLS`].
-pub const PROVIDER_OUTCOMES: [&str; 3] = ["accepted", "rejected", "transient"];
+pub const PROVIDER_OUTCOMES: [&str; 4] = ["accepted", "rejected", "transient", "unknown"];
 
 pub fn describe() {
     metrics::describe_counter!(
@@ -54,7 +63,19 @@ pub fn describe() {
         "Ownership confirmations (outbox DONE + message CLAIMED), by job type."
     );
     metrics::describe_counter!(JOBS, "Jobs handled, by job type and outcome.");
-    metrics::describe_counter!(PROVIDER_CALLS, "Provider submits, by outcome.");
+    metrics::describe_counter!(
+        PROVIDER_CALLS,
+        "Provider calls, by call (submit, lookup by key) and outcome."
+    );
+    metrics::describe_counter!(
+        SETTLING,
+        "Sends whose attempts are used up with the last outcome unknown: settled by asking the provider by key."
+    );
+    metrics::describe_gauge!(HELD, "Receipts waiting for their send to be recorded.");
+    metrics::describe_counter!(
+        RELEASED,
+        "Held receipts queued again once their send was recorded."
+    );
     metrics::describe_histogram!(
         PROVIDER_CALL_DURATION,
         metrics::Unit::Seconds,
@@ -101,9 +122,13 @@ fn register_at_zero() {
         metrics::counter!(RECEIPT_STATES, "state" => state).increment(0);
     }
     for outcome in PROVIDER_OUTCOMES {
-        metrics::counter!(PROVIDER_CALLS, "outcome" => outcome).increment(0);
+        for call in ["submit", "lookup"] {
+            metrics::counter!(PROVIDER_CALLS, "call" => call, "outcome" => outcome).increment(0);
+        }
     }
     metrics::counter!(UNKNOWN).increment(0);
+    metrics::counter!(SETTLING).increment(0);
+    metrics::counter!(RELEASED).increment(0);
     let _ = metrics::histogram!(PROVIDER_CALL_DURATION);
     herald_store::group::register_metrics("ledger");
 }

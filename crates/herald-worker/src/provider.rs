@@ -1,4 +1,6 @@
-//! The provider client: one submit, with the effect's idempotency key.
+//! The provider client: one submit with the effect's idempotency key, and the lookup of what
+//! became of a key (`GET {base}/v1/submits/{key}`), which settles a submit whose answer was
+//! lost.
 
 use std::time::{Duration, Instant};
 
@@ -17,9 +19,15 @@ pub enum SubmitOutcome {
     },
     /// The provider refused the message's content for good (400, 422).
     Rejected { reason: String },
-    /// No answer we can rely on (timeout, connection error, 5xx, 408, 429), or a refusal of
-    /// Herald itself (401, 403, 404, …): retrying with the same key is safe.
+    /// The provider surely did nothing: no connection was made, it answered 429, a refusal
+    /// of Herald itself (401, 403, 404, …), or a lookup found no submit under the key.
+    /// Retrying with the same key is safe.
     Transient { reason: String },
+    /// Nobody knows whether the provider took it: a timeout, a connection lost after the
+    /// request went out, a 5xx, a 408, a 409 (a submit with this key is still in progress), a
+    /// 2xx without a readable answer. Retrying with the same key is safe; once attempts are
+    /// used up, the provider is asked by key instead of the message going DEAD.
+    Unknown { reason: String },
 }
 
 #[derive(Serialize)]
@@ -39,6 +47,8 @@ struct SubmitAnswer {
 pub struct ProviderClient {
     client: reqwest::Client,
     submit_url: String,
+    /// `{base}/v1/submits/`, the key is appended as one path segment.
+    lookup_url: reqwest::Url,
 }
 
 impl ProviderClient {
@@ -48,9 +58,16 @@ impl ProviderClient {
             .connect_timeout(Duration::from_secs(2))
             .pool_max_idle_per_host(256)
             .build()?;
+        let base = base_url.trim_end_matches('/');
+        let lookup_url = reqwest::Url::parse(&format!("{base}/v1/submits"))?;
+        anyhow::ensure!(
+            !lookup_url.cannot_be_a_base(),
+            "the provider URL {base_url:?} cannot have paths below it"
+        );
         Ok(Self {
             client,
-            submit_url: format!("{}/v1/submit", base_url.trim_end_matches('/')),
+            submit_url: format!("{base}/v1/submit"),
+            lookup_url,
         })
     }
 
@@ -64,13 +81,54 @@ impl ProviderClient {
         let started = Instant::now();
         let outcome = self.submit_inner(idempotency_key, recipient, body).await;
         metrics::histogram!(m::PROVIDER_CALL_DURATION).record(started.elapsed().as_secs_f64());
-        let label = match &outcome {
-            SubmitOutcome::Accepted { .. } => "accepted",
-            SubmitOutcome::Rejected { .. } => "rejected",
-            SubmitOutcome::Transient { .. } => "transient",
-        };
-        metrics::counter!(m::PROVIDER_CALLS, "outcome" => label).increment(1);
+        count_call("submit", &outcome);
         outcome
+    }
+
+    /// Asks the provider what became of `idempotency_key` (no effect of its own): `Accepted`
+    /// with the first answer when a submit under it took effect, `Transient` when the provider
+    /// has none (404), `Unknown` when it could not answer.
+    pub async fn lookup(&self, idempotency_key: &str) -> SubmitOutcome {
+        let started = Instant::now();
+        let outcome = self.lookup_inner(idempotency_key).await;
+        metrics::histogram!(m::PROVIDER_CALL_DURATION).record(started.elapsed().as_secs_f64());
+        count_call("lookup", &outcome);
+        outcome
+    }
+
+    async fn lookup_inner(&self, idempotency_key: &str) -> SubmitOutcome {
+        let mut url = self.lookup_url.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.push(idempotency_key);
+        }
+        let response = match self.client.get(url).send().await {
+            Ok(response) => response,
+            Err(err) => {
+                return SubmitOutcome::Unknown {
+                    reason: format!("looking the key up failed: {err}"),
+                }
+            }
+        };
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return SubmitOutcome::Transient {
+                reason: "the provider has no submit under this key".to_owned(),
+            };
+        }
+        if !status.is_success() {
+            return SubmitOutcome::Unknown {
+                reason: format!("looking the key up: provider answered {status}"),
+            };
+        }
+        match response.json::<SubmitAnswer>().await {
+            Ok(answer) => SubmitOutcome::Accepted {
+                gateway: answer.gateway,
+                provider_id: answer.provider_id,
+            },
+            Err(err) => SubmitOutcome::Unknown {
+                reason: format!("looking the key up: unreadable answer: {err}"),
+            },
+        }
     }
 
     async fn submit_inner(
@@ -89,13 +147,19 @@ impl ProviderClient {
         let response = match response {
             Ok(response) => response,
             Err(err) if err.is_timeout() => {
-                return SubmitOutcome::Transient {
+                return SubmitOutcome::Unknown {
                     reason: "provider timed out (outcome unknown)".to_owned(),
                 }
             }
-            Err(err) => {
+            // No connection was made: the request never left.
+            Err(err) if err.is_connect() => {
                 return SubmitOutcome::Transient {
                     reason: format!("provider unreachable: {err}"),
+                }
+            }
+            Err(err) => {
+                return SubmitOutcome::Unknown {
+                    reason: format!("provider call broke off (outcome unknown): {err}"),
                 }
             }
         };
@@ -108,7 +172,7 @@ impl ProviderClient {
                 },
                 // A 2xx we cannot read: the effect happened, its id is unknown. Retrying with
                 // the same key returns the first answer.
-                Err(err) => SubmitOutcome::Transient {
+                Err(err) => SubmitOutcome::Unknown {
                     reason: format!("provider answered {status} with an unreadable body: {err}"),
                 },
             };
@@ -122,19 +186,30 @@ impl ProviderClient {
     }
 }
 
+fn count_call(call: &'static str, outcome: &SubmitOutcome) {
+    let label = match outcome {
+        SubmitOutcome::Accepted { .. } => "accepted",
+        SubmitOutcome::Rejected { .. } => "rejected",
+        SubmitOutcome::Transient { .. } => "transient",
+        SubmitOutcome::Unknown { .. } => "unknown",
+    };
+    metrics::counter!(m::PROVIDER_CALLS, "call" => call, "outcome" => label).increment(1);
+}
+
 /// Sorts a provider's non-2xx answer. Only a refusal of the message's own content (400, 422)
-/// is final: the caller caused it. A 401, 403, 404 or any other 4xx says Herald is pointed at
-/// the wrong place or holds the wrong credentials — no fault of the message — so it is retried
-/// like a 5xx, loudly, and ends DEAD (visible, re-drivable) if it persists, never FAILED.
+/// is final: the caller caused it. A 5xx, a 408 or a 409 (the same key is being submitted by
+/// another attempt right now) leave the outcome unknown. A 429 surely did nothing. A 401, 403,
+/// 404 or any other 4xx says Herald is pointed at the wrong place or holds the wrong
+/// credentials — no fault of the message — so it is retried, loudly, and ends DEAD (visible,
+/// re-drivable) if it persists, never FAILED.
 fn classify_refusal(status: StatusCode, reason: String) -> SubmitOutcome {
     match status {
         StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => {
             SubmitOutcome::Rejected { reason }
         }
-        s if s.is_client_error()
-            && s != StatusCode::REQUEST_TIMEOUT
-            && s != StatusCode::TOO_MANY_REQUESTS =>
-        {
+        StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT => SubmitOutcome::Unknown { reason },
+        s if s.is_server_error() => SubmitOutcome::Unknown { reason },
+        s if s.is_client_error() && s != StatusCode::TOO_MANY_REQUESTS => {
             tracing::error!(%status, %reason, "the provider refuses Herald itself (URL or credentials?); retrying, not failing the message");
             SubmitOutcome::Transient {
                 reason: format!("provider configuration error: {reason}"),
@@ -157,9 +232,16 @@ mod tests {
                 "{code}"
             );
         }
-        for code in [401, 403, 404, 405, 408, 429, 500, 502, 503] {
+        for code in [401, 403, 404, 405, 429] {
             assert!(
                 matches!(sort(code), SubmitOutcome::Transient { .. }),
+                "{code}"
+            );
+        }
+        // The provider may have taken these: never a reason for DEAD.
+        for code in [408, 409, 500, 502, 503, 504] {
+            assert!(
+                matches!(sort(code), SubmitOutcome::Unknown { .. }),
                 "{code}"
             );
         }

@@ -1,7 +1,11 @@
-//! The send handler (rules R4, R5): confirm ownership (outbox DONE + CLAIMED), call the
-//! provider with the message's idempotency key, then record ACCEPTED with the ledger row — or
-//! a retry, or a failure. No transaction is open during the provider call.
+//! The send handler (rules R4, R5): confirm ownership (outbox DONE + CLAIMED + an attempt
+//! charged + a lease), call the provider with the message's idempotency key, then record
+//! ACCEPTED with the ledger row — or a retry, or a failure. No transaction is open during the
+//! provider call. The claim's lease is renewed in the background until the outcome is written;
+//! a worker that dies or freezes stops renewing, and only then is its claim re-driven.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_core::job::Job;
@@ -9,11 +13,13 @@ use herald_core::{send_effect_key, JobType};
 use herald_queue::Delivery;
 use herald_store::effects::{
     confirm_ownership, confirm_ownership_batch, recipient_of, recipients_of, record_failed,
-    reject_before_claim, schedule_retry, AcceptedEffect, OwnedSend, ProviderReceipt, RetryOutcome,
+    reject_before_claim, renew_leases, schedule_retry, AcceptedEffect, AttemptEnd, OwnedSend,
+    ProviderReceipt, RetryOf, RetryOutcome,
 };
 use herald_store::StoreError;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use crate::metrics as m;
 use crate::provider::{ProviderClient, SubmitOutcome};
@@ -22,7 +28,8 @@ use crate::{Handled, Handler};
 
 #[derive(Debug, Clone)]
 pub struct SendSettings {
-    /// Claims a send may use before it becomes DEAD.
+    /// Provider attempts a send may use. Past them, a send whose provider surely did nothing
+    /// becomes DEAD; one whose last outcome is unknown is settled by asking the provider by key.
     pub max_attempts: u32,
     /// Back-off after the first failed attempt; doubles per attempt.
     pub retry_base: Duration,
@@ -34,6 +41,29 @@ pub struct SendSettings {
     pub worker: String,
     /// Recipients an internal check refuses: their messages end FAILED before any claim.
     pub blocked_recipients: std::collections::HashSet<String>,
+    /// How long a claim stays this worker's without a renewal; renewed every third of it
+    /// while the provider call and the outcome's write run.
+    pub claim_lease: Duration,
+}
+
+/// The shortest claim lease: renewals every second at most.
+pub const MIN_CLAIM_LEASE: Duration = Duration::from_secs(3);
+
+impl SendSettings {
+    /// Checks the settings that must relate. A claim is renewed while its call and writes run,
+    /// so the lease need not outlast the provider timeout; it must leave room for renewals.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.claim_lease < MIN_CLAIM_LEASE {
+            return Err(format!(
+                "the claim lease ({:?}) must be at least {:?}: it is renewed every third of it",
+                self.claim_lease, MIN_CLAIM_LEASE
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err("max attempts must be at least 1".to_owned());
+        }
+        Ok(())
+    }
 }
 
 impl Default for SendSettings {
@@ -45,6 +75,7 @@ impl Default for SendSettings {
             max_group: 256,
             worker: "worker".to_owned(),
             blocked_recipients: Default::default(),
+            claim_lease: Duration::from_secs(30),
         }
     }
 }
@@ -54,6 +85,69 @@ pub struct SendHandler {
     provider: ProviderClient,
     settings: SendSettings,
     recorder: AcceptedRecorder,
+    leases: Leases,
+}
+
+/// The leases of this worker's claims whose outcome is not written yet, by message.
+#[derive(Clone, Default)]
+struct Leases(Arc<Mutex<HashMap<Uuid, Uuid>>>);
+
+/// Holds a claim's lease for renewal until dropped.
+struct HeldLease {
+    leases: Leases,
+    message_id: Uuid,
+}
+
+impl Leases {
+    fn hold(&self, message_id: Uuid, lease: Uuid) -> HeldLease {
+        if let Ok(mut held) = self.0.lock() {
+            held.insert(message_id, lease);
+        }
+        HeldLease {
+            leases: self.clone(),
+            message_id,
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(Uuid, Uuid)> {
+        self.0
+            .lock()
+            .map(|held| held.iter().map(|(m, l)| (*m, *l)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Renews every held lease every third of `lease`, until `cancel`.
+    async fn renew(self, pool: PgPool, lease: Duration, cancel: CancellationToken) {
+        let every = lease / 3;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let held = self.snapshot();
+            if held.is_empty() {
+                continue;
+            }
+            match renew_leases(&pool, &held, lease).await {
+                Ok(renewed) if renewed < held.len() as u64 => {
+                    // Written meanwhile (the lease is gone with its in-flight row), or re-driven.
+                    tracing::debug!(held = held.len(), renewed, "some claims were not renewed");
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, held = held.len(), "renewing claim leases failed; retrying")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.leases.0.lock() {
+            held.remove(&self.message_id);
+        }
+    }
 }
 
 /// Longest a write after the provider call is retried through a database outage.
@@ -67,13 +161,24 @@ impl SendHandler {
         settings: SendSettings,
         cancel: CancellationToken,
     ) -> Self {
-        let recorder =
-            AcceptedRecorder::spawn(pool.clone(), settings.max_group, WRITE_RETRY_FOR, cancel);
+        let recorder = AcceptedRecorder::spawn(
+            pool.clone(),
+            settings.max_group,
+            WRITE_RETRY_FOR,
+            cancel.clone(),
+        );
+        let leases = Leases::default();
+        tokio::spawn(
+            leases
+                .clone()
+                .renew(pool.clone(), settings.claim_lease, cancel),
+        );
         Self {
             pool,
             provider,
             settings,
             recorder,
+            leases,
         }
     }
 }
@@ -140,7 +245,14 @@ impl Handler for SendHandler {
             .iter()
             .map(|(_, j)| (j.partition, j.outbox_id))
             .collect();
-        let owned = match confirm_ownership_batch(&self.pool, &keys, &self.settings.worker).await {
+        let confirmed = confirm_ownership_batch(
+            &self.pool,
+            &keys,
+            &self.settings.worker,
+            self.settings.claim_lease,
+        )
+        .await;
+        let owned = match confirmed {
             Ok(owned) => owned,
             Err(err) => {
                 outcome("store_error");
@@ -199,6 +311,7 @@ impl SendHandler {
             job.partition,
             job.outbox_id,
             &self.settings.worker,
+            self.settings.claim_lease,
         )
         .await?
         else {
@@ -214,21 +327,33 @@ impl SendHandler {
         self.call_and_record(job, &owned, cancel).await
     }
 
-    /// Calls the provider for a send this worker owns (CLAIMED is committed) and records the
-    /// outcome: ACCEPTED with its ledger row through the group commit, FAILED, or a retry.
-    #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition, message_id = %owned.message_id))]
+    /// Calls the provider for a send this worker owns (CLAIMED is committed, the attempt
+    /// charged) and records the outcome: ACCEPTED with its ledger row through the group
+    /// commit, FAILED, or a retry. An attempt past `max_attempts` (the last one's outcome was
+    /// unknown) submits nothing: it asks the provider what became of the key. The claim's
+    /// lease is renewed until the outcome is written.
+    #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition, message_id = %owned.message_id, attempt = owned.attempt))]
     async fn call_and_record(
         &self,
         job: &Job,
         owned: &OwnedSend,
         cancel: &CancellationToken,
     ) -> Result<(), StoreError> {
+        let Some(lease) = owned.lease else {
+            outcome("already_accepted");
+            return Ok(());
+        };
+        let _renewed = self.leases.hold(owned.message_id, lease);
         let key = send_effect_key(owned.message_id);
-        match self
-            .provider
-            .submit(&key, &owned.recipient, &owned.body)
-            .await
-        {
+        let settling = owned.attempt > self.settings.max_attempts as i32;
+        let answer = if settling {
+            self.provider.lookup(&key).await
+        } else {
+            self.provider
+                .submit(&key, &owned.recipient, &owned.body)
+                .await
+        };
+        let (reason, end) = match answer {
             SubmitOutcome::Accepted {
                 gateway,
                 provider_id,
@@ -247,6 +372,7 @@ impl SendHandler {
                 } else {
                     "accepted_again"
                 });
+                return Ok(());
             }
             SubmitOutcome::Rejected { reason } => {
                 tracing::warn!(%reason, "provider rejected the message for good");
@@ -255,31 +381,40 @@ impl SendHandler {
                 })
                 .await?;
                 outcome("rejected");
+                return Ok(());
             }
-            SubmitOutcome::Transient { reason } => {
-                let backoff = self.backoff(job.attempt);
-                let retried = with_retries(cancel, || {
-                    schedule_retry(
-                        &self.pool,
-                        job.partition,
-                        job.outbox_id,
-                        &reason,
-                        backoff,
-                        self.settings.max_attempts,
-                    )
-                })
-                .await?;
-                match retried {
-                    RetryOutcome::Scheduled => outcome("retry"),
-                    RetryOutcome::Dead => {
-                        tracing::error!(%reason, attempt = job.attempt, "send is DEAD after its last attempt");
-                        ::metrics::counter!(herald_store::metrics::DEAD, "stage" => "retry")
-                            .increment(1);
-                        outcome("dead")
-                    }
-                    RetryOutcome::NotOwned => outcome("retry_not_owned"),
+            SubmitOutcome::Transient { reason } => (reason, AttemptEnd::NoEffect),
+            SubmitOutcome::Unknown { reason } => (reason, AttemptEnd::Unknown),
+        };
+        let backoff = self.backoff(owned.attempt);
+        let retry = RetryOf {
+            partition: job.partition,
+            outbox_id: job.outbox_id,
+            lease,
+            reason: &reason,
+            end,
+        };
+        let retried = with_retries(cancel, || {
+            schedule_retry(&self.pool, &retry, backoff, self.settings.max_attempts)
+        })
+        .await?;
+        match retried {
+            RetryOutcome::Scheduled if end == AttemptEnd::Unknown => {
+                if owned.attempt == self.settings.max_attempts as i32 {
+                    tracing::warn!(%reason, attempt = owned.attempt,
+                        "last attempt's outcome is unknown; the provider will be asked by key");
+                    ::metrics::counter!(m::SETTLING).increment(1);
                 }
+                outcome("retry_unknown")
             }
+            RetryOutcome::Scheduled => outcome("retry"),
+            RetryOutcome::Dead => {
+                tracing::error!(%reason, attempt = owned.attempt, "send is DEAD: its attempts are used up and the provider has no effect");
+                let stage = if settling { "settled" } else { "retry" };
+                ::metrics::counter!(herald_store::metrics::DEAD, "stage" => stage).increment(1);
+                outcome("dead")
+            }
+            RetryOutcome::NotOwned => outcome("retry_not_owned"),
         }
         Ok(())
     }

@@ -1,8 +1,11 @@
 //! The status handler: applies a provider's delivery receipt to its message (rules R5, R6,
 //! R7). The receipt is decoded, its status mapped and its timestamp parsed; any of these
 //! failing parks the raw receipt with the reason. The message is found by (gateway, provider
-//! id). The state is appended and the job marked DONE in one statement, so a crash at any point
-//! leaves the job to be handled again, never half-applied.
+//! id) and the provider's time: the effect whose first attempt started last before the
+//! receipt was written. A receipt whose send is not recorded yet is held, uncharged, until it
+//! is (then queued again), or parked after the hold window. The state is appended and the job
+//! marked DONE in one statement, so a crash at any point leaves the job to be handled again,
+//! never half-applied.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,11 +15,12 @@ use herald_core::receipt::{decode, map_status, parse_timestamp};
 use herald_core::JobType;
 use herald_core::MessageState;
 use herald_queue::Delivery;
-use herald_store::outbox::defer_job;
 use herald_store::receipts::{
-    apply_receipts, load_receipts, mark_silent_unknown, messages_for_receipts, park,
-    ReceiptToApply, StoredReceipt,
+    apply_receipts, count_held, hold_receipts, load_receipts, mark_silent_unknown,
+    messages_for_receipts, park, park_expired_held, release_held_receipts, ReceiptToApply,
+    ReceiptToHold, StoredReceipt,
 };
+use herald_store::wakeups::Wakeups;
 use herald_store::StoreError;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -24,26 +28,12 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics as m;
 use crate::{Handled, Handler};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct StatusSettings {
     /// Operator-configured status aliases, upper case: `ACKD` → `DELIVRD`.
     pub aliases: HashMap<String, String>,
-    /// Attempts to find the receipt's message (the send may not be recorded yet) before the
-    /// receipt is parked.
-    pub max_attempts: u32,
-    /// Wait before looking for the message again.
-    pub retry_after: Duration,
 }
 
-impl Default for StatusSettings {
-    fn default() -> Self {
-        Self {
-            aliases: HashMap::new(),
-            max_attempts: 10,
-            retry_after: Duration::from_secs(2),
-        }
-    }
-}
 
 pub struct StatusHandler {
     pub pool: PgPool,
@@ -55,7 +45,7 @@ pub struct StatusHandler {
 enum Applied {
     State(&'static str),
     Parked(String),
-    Deferred,
+    Held,
     StaleCopy,
 }
 
@@ -63,6 +53,9 @@ enum Applied {
 struct Mapped<'a> {
     receipt: &'a StoredReceipt,
     provider_id: String,
+    /// The latest moment the provider can have written the receipt, by its own clock: the
+    /// time it states plus that timestamp's resolution.
+    written_by: chrono::DateTime<chrono::Utc>,
     state: MessageState,
     detail: serde_json::Value,
 }
@@ -105,7 +98,7 @@ fn counted(job: &Job, applied: Applied) -> Handled {
             ::metrics::counter!(m::PARKED, "job_type" => "status").increment(1);
             tracing::warn!(outbox_id = job.outbox_id, %reason, "receipt parked with its raw body");
         }
-        Applied::Deferred => outcome("deferred"),
+        Applied::Held => outcome("held"),
         Applied::StaleCopy => outcome("stale_copy"),
     }
     Handled::Done
@@ -122,7 +115,7 @@ impl Handler for StatusHandler {
 
     /// A batch of receipts: loaded in one query, decoded and mapped, their messages found in
     /// one query, and applied (states appended, jobs DONE) in one statement. Parking and
-    /// deferring, the rare ends, keep their own statements.
+    /// holding, the rare ends, keep their own statements.
     async fn handle_batch(
         &self,
         deliveries: Vec<Delivery>,
@@ -173,7 +166,7 @@ impl StatusHandler {
                 Step::Mapped(m) => Some((
                     m.receipt.gateway.clone(),
                     m.provider_id.clone(),
-                    m.receipt.received_at,
+                    m.written_by,
                 )),
                 Step::Finished(_) => None,
             })
@@ -182,6 +175,7 @@ impl StatusHandler {
             .await?
             .into_iter();
         let mut to_apply = Vec::new();
+        let mut to_hold = Vec::new();
         let mut ends: Vec<Option<Applied>> = Vec::with_capacity(jobs.len());
         for (job, step) in jobs.iter().zip(steps) {
             let mapped = match step {
@@ -192,7 +186,16 @@ impl StatusHandler {
                 Step::Mapped(mapped) => mapped,
             };
             let Some(message_id) = found.next().flatten() else {
-                ends.push(Some(self.unmatched(job, &mapped).await?));
+                // The send is not recorded yet: hold the receipt until it is.
+                to_hold.push(ReceiptToHold {
+                    partition: job.partition,
+                    outbox_id: job.outbox_id,
+                    receipt_id: mapped.receipt.id,
+                    gateway: mapped.receipt.gateway.clone(),
+                    provider_id: mapped.provider_id.clone(),
+                    provider_time: mapped.written_by,
+                });
+                ends.push(Some(Applied::Held));
                 continue;
             };
             to_apply.push(ReceiptToApply {
@@ -204,6 +207,30 @@ impl StatusHandler {
             });
             ends.push(None);
         }
+        let held: std::collections::HashSet<(u32, i64)> = hold_receipts(&self.pool, &to_hold)
+            .await?
+            .into_iter()
+            .collect();
+        if !to_hold.is_empty() {
+            tracing::info!(
+                held = held.len(),
+                "receipts whose send is not recorded yet are held until it is"
+            );
+        }
+        let mut held_ends = to_hold.iter().map(|r| {
+            if held.contains(&(r.partition, r.outbox_id)) {
+                Applied::Held
+            } else {
+                Applied::StaleCopy
+            }
+        });
+        let ends: Vec<Option<Applied>> = ends
+            .into_iter()
+            .map(|end| match end {
+                Some(Applied::Held) => held_ends.next(),
+                other => other,
+            })
+            .collect();
         let applied: std::collections::HashSet<(u32, i64)> = apply_receipts(&self.pool, &to_apply)
             .await?
             .into_iter()
@@ -273,9 +300,13 @@ impl StatusHandler {
             "provider_time": provider_time,
             "receipt_id": receipt.id,
         });
+        let resolution = herald_core::receipt::timestamp_resolution(&decoded.timestamp);
+        let written_by = provider_time
+            + chrono::Duration::from_std(resolution).unwrap_or_else(|_| chrono::Duration::zero());
         Ok(Step::Mapped(Mapped {
             receipt,
             provider_id: decoded.provider_id,
+            written_by,
             state,
             detail,
         }))
@@ -303,41 +334,6 @@ impl StatusHandler {
             Some(_) => Applied::Parked(reason),
             None => Applied::StaleCopy,
         }))
-    }
-
-    /// A receipt whose message is not recorded (yet): the send may not be recorded yet (the
-    /// receipt outran the worker's ledger write), so it waits and tries again, and is parked
-    /// after `max_attempts`.
-    async fn unmatched(&self, job: &Job, mapped: &Mapped<'_>) -> Result<Applied, StoreError> {
-        let reason = format!(
-            "no message was sent through gateway {:?} with provider id {:?}",
-            mapped.receipt.gateway, mapped.provider_id
-        );
-        if job.attempt >= self.settings.max_attempts as i32 {
-            let reason = format!("{reason} (after {} attempts)", job.attempt);
-            let step = self
-                .park(job, Some(mapped.receipt.id), &mapped.receipt.raw, reason)
-                .await?;
-            return Ok(match step {
-                Step::Finished(applied) => applied,
-                Step::Mapped(_) => Applied::StaleCopy,
-            });
-        }
-        Ok(
-            if defer_job(
-                &self.pool,
-                job.partition,
-                job.outbox_id,
-                &reason,
-                self.settings.retry_after,
-            )
-            .await?
-            {
-                Applied::Deferred
-            } else {
-                Applied::StaleCopy
-            },
-        )
     }
 }
 
@@ -374,6 +370,53 @@ pub async fn reconcile_silent(
                     break;
                 }
             }
+        }
+    }
+}
+
+/// Held receipts (sends recorded late): every `interval`, those a ledger row now matches are
+/// queued again and their partitions' pollers woken; those held longer than `hold_for` are
+/// parked with their raw bodies. The held count is exported as a gauge. Until `cancel`.
+pub async fn release_held(
+    pool: PgPool,
+    hold_for: Duration,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let wakeups = Wakeups::spawn(pool.clone(), Duration::from_millis(5));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        loop {
+            match release_held_receipts(&pool, 1000).await {
+                Ok(partitions) if partitions.is_empty() => break,
+                Ok(partitions) => {
+                    ::metrics::counter!(m::RELEASED).increment(partitions.len() as u64);
+                    tracing::info!(
+                        receipts = partitions.len(),
+                        "held receipts queued again: their sends are recorded"
+                    );
+                    wakeups.wake(partitions);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "releasing held receipts failed; retrying next interval");
+                    break;
+                }
+            }
+        }
+        match park_expired_held(&pool, hold_for, 1000).await {
+            Ok(0) => {}
+            Ok(count) => {
+                ::metrics::counter!(m::PARKED, "job_type" => "status").increment(count);
+                tracing::warn!(count, hold_for = ?hold_for,
+                    "receipts held past the hold window without a recorded send: parked with their raw bodies");
+            }
+            Err(err) => tracing::warn!(error = %err, "parking expired held receipts failed"),
+        }
+        if let Ok(held) = count_held(&pool).await {
+            ::metrics::gauge!(m::HELD).set(held as f64);
         }
     }
 }

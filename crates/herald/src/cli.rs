@@ -262,15 +262,6 @@ pub struct PollerArgs {
     #[arg(long, env = "HERALD_POLLER_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub stale_after: Duration,
-    /// Attempts a send may use before the re-drive of a stale CLAIMED makes it DEAD (a job
-    /// its queue store lost is returned without using one).
-    #[arg(long, env = "HERALD_MAX_ATTEMPTS", default_value_t = 10)]
-    pub max_attempts: u32,
-    /// A send CLAIMED this long ago whose worker recorded no outcome is sent again (same
-    /// idempotency key). Keep it above the provider timeout.
-    #[arg(long, env = "HERALD_POLLER_STALE_CLAIM_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
-    #[serde(serialize_with = "human")]
-    pub stale_claim_after: Duration,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -320,9 +311,17 @@ pub struct WorkerArgs {
     #[arg(long, env = "HERALD_PROVIDER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub provider_timeout: Duration,
-    /// Claims a send may use before it becomes DEAD.
+    /// send: provider attempts a send may use (an attempt is charged when a provider call
+    /// starts). Past them a send the provider surely did not take becomes DEAD; one whose last
+    /// outcome is unknown (timeout, 5xx) is settled by asking the provider by key.
     #[arg(long, env = "HERALD_MAX_ATTEMPTS", default_value_t = 10)]
     pub max_attempts: u32,
+    /// send: a claim not renewed for this long (its worker died or froze) is re-driven and
+    /// sent again with the same key. Renewed every third of it while the call runs, so it need
+    /// not outlast the provider timeout. At least 3s.
+    #[arg(long, env = "HERALD_CLAIM_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub claim_lease: Duration,
     /// Back-off after the first failed provider call; doubles per attempt up to 1 minute.
     #[arg(long, env = "HERALD_RETRY_BASE", default_value = "500ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
@@ -344,6 +343,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "HERALD_RECEIPT_WINDOW", default_value = "1h", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub receipt_window: Duration,
+    /// status: a receipt whose send is not recorded yet is held this long (and applied as soon
+    /// as the send is recorded), then parked with its raw body.
+    #[arg(long, env = "HERALD_HOLD_RECEIPTS_FOR", default_value = "1h", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub hold_receipts_for: Duration,
     /// status: how often silent messages are looked for.
     #[arg(long, env = "HERALD_RECONCILE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]

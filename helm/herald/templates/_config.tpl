@@ -46,8 +46,6 @@ HERALD_POLLER_PUBLISH_CONCURRENCY: {{ $p.publishConcurrency | int64 | quote }}
 HERALD_POLLER_POLL_INTERVAL: {{ $p.pollInterval | quote }}
 HERALD_POLLER_REDRIVE_INTERVAL: {{ $p.redriveInterval | quote }}
 HERALD_POLLER_STALE_AFTER: {{ $p.staleAfter | quote }}
-HERALD_POLLER_STALE_CLAIM_AFTER: {{ $p.staleClaimAfter | quote }}
-HERALD_MAX_ATTEMPTS: {{ $p.maxAttempts | int64 | quote }}
 {{ include "herald.config.pressure" . }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "send" "var" "HERALD_REDIS_SEND_URL") }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "status" "var" "HERALD_REDIS_STATUS_URL") }}
@@ -62,18 +60,20 @@ HERALD_ADMIN_LISTEN: {{ printf "0.0.0.0:%v" $w.adminPort | quote }}
 HERALD_REDIS_MAX_CONNECTIONS: {{ $w.redisMaxConnections | int64 | quote }}
 HERALD_WORKER_CONCURRENCY: {{ $w.concurrency | int64 | quote }}
 HERALD_WORKER_MAX_BATCH: {{ $w.maxBatch | int64 | quote }}
-HERALD_MAX_ATTEMPTS: {{ $w.maxAttempts | int64 | quote }}
 HERALD_WORKER_RECLAIM_IDLE: {{ $w.reclaimIdle | quote }}
 {{ include "herald.config.pressure" .root }}
 {{- if eq .type "send" }}
 HERALD_PROVIDER_URL: {{ include "herald.providerUrl" .root | quote }}
 HERALD_PROVIDER_TIMEOUT: {{ $w.providerTimeout | quote }}
+HERALD_MAX_ATTEMPTS: {{ $w.maxAttempts | int64 | quote }}
+HERALD_CLAIM_LEASE: {{ $w.claimLease | quote }}
 HERALD_RETRY_BASE: {{ $w.retryBase | quote }}
 {{- with $w.blockedRecipients }}
 HERALD_BLOCKED_RECIPIENTS: {{ join "," . | quote }}
 {{- end }}
 {{- else }}
 HERALD_RECEIPT_WINDOW: {{ $w.receiptWindow | quote }}
+HERALD_HOLD_RECEIPTS_FOR: {{ $w.holdReceiptsFor | quote }}
 HERALD_RECONCILE_INTERVAL: {{ $w.reconcileInterval | quote }}
 {{- with $w.statusAliases }}
 HERALD_STATUS_ALIASES: {{ join "," . | quote }}

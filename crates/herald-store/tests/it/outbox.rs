@@ -29,7 +29,8 @@ async fn claim_mark_and_release_walk_the_states_and_count_attempts() {
 
     let jobs = claim_pending(&pool, fence, 3).await.unwrap();
     assert_eq!(jobs.len(), 3);
-    assert!(jobs.iter().all(|j| j.partition == 1 && j.attempt == 1));
+    // A claim charges no attempt: the worker's confirm does, before its provider call.
+    assert!(jobs.iter().all(|j| j.partition == 1 && j.attempt == 0));
     let ids: Vec<i64> = jobs.iter().map(|j| j.outbox_id).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "oldest first: {ids:?}");
     assert_eq!(mark_published(&pool, fence, &ids[..2]).await.unwrap(), 2);
@@ -46,8 +47,8 @@ async fn claim_mark_and_release_walk_the_states_and_count_attempts() {
             ("PENDING".to_owned(), 0),
             ("PENDING".to_owned(), 0),
             ("PENDING".to_owned(), 0),
-            ("PUBLISHED".to_owned(), 1),
-            ("PUBLISHED".to_owned(), 1),
+            ("PUBLISHED".to_owned(), 0),
+            ("PUBLISHED".to_owned(), 0),
         ]
     );
     // The rest of partition 1 (three rows); partition 2's row is not touched.
@@ -117,10 +118,10 @@ async fn a_new_owner_takes_back_rows_an_old_owner_claimed_and_never_published() 
     // The old owner cannot do it; the new one moves only the unpublished row.
     assert_eq!(redrive_orphaned(&pool, old).await.unwrap(), 0);
     assert_eq!(redrive_orphaned(&pool, new).await.unwrap(), 1);
-    // The handoff costs the unpublished row nothing: its attempt is given back.
+    // The handoff costs the unpublished row nothing: a claim charges no attempt.
     assert_eq!(
         statuses(&pool).await,
-        vec![("PUBLISHED".to_owned(), 1), ("PENDING".to_owned(), 0)]
+        vec![("PUBLISHED".to_owned(), 0), ("PENDING".to_owned(), 0)]
     );
 }
 
@@ -153,28 +154,22 @@ async fn redrive_returns_lost_rows_without_charging_an_attempt_and_never_kills_t
         .await
         .unwrap();
     assert_eq!(moved, Redriven::default());
-    assert_eq!(statuses(&pool).await, vec![("PUBLISHED".to_owned(), 1)]);
+    assert_eq!(statuses(&pool).await, vec![("PUBLISHED".to_owned(), 0)]);
     // …stale under a zero timeout, with every entry of its store newer than the claim (the
-    // store lost it): back to PENDING, and the claim's attempt given back (no worker saw it).
+    // store lost it): back to PENDING, uncharged (no worker saw it).
     let lost = LostBefore {
         send_ms: Some(now_ms + 60_000),
         status_ms: Some(0),
     };
     for round in 0..5 {
         if round > 0 {
-            assert_eq!(claim_pending(&pool, fence, 10).await.unwrap()[0].attempt, 1);
+            // A claim charges nothing: only a worker's confirm does.
+            assert_eq!(claim_pending(&pool, fence, 10).await.unwrap()[0].attempt, 0);
         }
         let moved = redrive_stale(&pool, fence, Duration::ZERO, lost)
             .await
             .unwrap();
-        assert_eq!(
-            moved,
-            Redriven {
-                pending: 1,
-                dead: 0
-            },
-            "round {round}"
-        );
+        assert_eq!(moved, Redriven { pending: 1 }, "round {round}");
         assert_eq!(statuses(&pool).await, vec![("PENDING".to_owned(), 0)]);
     }
     // However often the store loses it, the message is never DEAD for it.
@@ -311,7 +306,11 @@ async fn r2_two_claimers_of_one_partition_get_disjoint_rows() {
     assert!(a.is_disjoint(&b), "a row was claimed twice");
     assert_eq!(a.len() + b.len(), 5000);
     assert_eq!(
-        count(&pool, "SELECT count(*) FROM outbox WHERE attempts = 1").await,
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'PROCESSING' AND attempts = 0"
+        )
+        .await,
         5000
     );
 }
@@ -371,7 +370,7 @@ async fn one_claim_serves_many_partitions_each_behind_its_own_fence() {
     assert_eq!(
         count(
             &pool,
-            "SELECT count(*) FROM outbox WHERE status = 'PROCESSING' AND attempts = 1"
+            "SELECT count(*) FROM outbox WHERE status = 'PROCESSING' AND attempts = 0"
         )
         .await,
         12
@@ -394,7 +393,7 @@ async fn one_claim_serves_many_partitions_each_behind_its_own_fence() {
     assert_eq!(
         count(
             &pool,
-            "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts = 1"
+            "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts = 0"
         )
         .await,
         4
@@ -412,7 +411,7 @@ async fn one_claim_serves_many_partitions_each_behind_its_own_fence() {
     assert_eq!(
         count(
             &pool,
-            "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts = 1"
+            "SELECT count(*) FROM outbox WHERE status = 'PUBLISHED' AND attempts = 0"
         )
         .await,
         3

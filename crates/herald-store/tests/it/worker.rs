@@ -3,14 +3,26 @@ use std::time::Duration;
 use herald_core::send_effect_key;
 use herald_store::accept::accept_messages;
 use herald_store::effects::{
-    confirm_ownership, record_accepted, record_failed, schedule_retry, ProviderReceipt,
-    RetryOutcome,
+    confirm_ownership, record_accepted, record_failed, renew_leases, schedule_retry, AttemptEnd,
+    ProviderReceipt, RetryOf, RetryOutcome,
 };
 use herald_store::leases::take_over;
 use herald_store::messages::message_with_history;
 use herald_store::outbox::claim_pending;
 
 use crate::{count, message, migrated};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn retry_of(job: &herald_core::job::Job, lease: uuid::Uuid, end: AttemptEnd) -> RetryOf<'static> {
+    RetryOf {
+        partition: job.partition,
+        outbox_id: job.outbox_id,
+        lease,
+        reason: "503",
+        end,
+    }
+}
 
 fn states(view: &herald_store::messages::MessageView) -> Vec<&str> {
     view.events.iter().map(|e| e.state.as_str()).collect()
@@ -26,7 +38,7 @@ async fn confirm_then_accept_writes_one_effect_however_often_it_is_repeated() {
     let fence = take_over(&pool, 2, "p").await.unwrap();
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
 
-    let owned = confirm_ownership(&pool, 2, job.outbox_id, "w1")
+    let owned = confirm_ownership(&pool, 2, job.outbox_id, "w1", LEASE)
         .await
         .unwrap()
         .unwrap();
@@ -34,7 +46,7 @@ async fn confirm_then_accept_writes_one_effect_however_often_it_is_repeated() {
     assert_eq!(owned.recipient, sent.recipient);
     assert!(!owned.already_accepted);
     // A second copy of the job finds the row DONE and gets nothing.
-    assert!(confirm_ownership(&pool, 2, job.outbox_id, "w2")
+    assert!(confirm_ownership(&pool, 2, job.outbox_id, "w2", LEASE)
         .await
         .unwrap()
         .is_none());
@@ -67,27 +79,33 @@ async fn a_failed_call_is_retried_then_dead_and_an_accepted_message_is_not_claim
     let fence = take_over(&pool, 1, "p").await.unwrap();
 
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
-    confirm_ownership(&pool, 1, job.outbox_id, "w")
+    assert_eq!(job.attempt, 0, "a claim charges no attempt");
+    let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
         .await
         .unwrap()
         .unwrap();
-    let outcome = schedule_retry(&pool, 1, job.outbox_id, "503", Duration::ZERO, 2)
+    assert_eq!(owned.attempt, 1, "the confirm charges it");
+    let lease = owned.lease.unwrap();
+    let no_effect = retry_of(&job, lease, AttemptEnd::NoEffect);
+    let outcome = schedule_retry(&pool, &no_effect, Duration::ZERO, 2)
         .await
         .unwrap();
     assert_eq!(outcome, RetryOutcome::Scheduled);
-    // Only a DONE row can be scheduled again.
-    let again = schedule_retry(&pool, 1, job.outbox_id, "503", Duration::ZERO, 2)
+    // Only a DONE row under its lease can be scheduled again.
+    let again = schedule_retry(&pool, &no_effect, Duration::ZERO, 2)
         .await
         .unwrap();
     assert_eq!(again, RetryOutcome::NotOwned);
 
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
-    assert_eq!(job.attempt, 2);
-    confirm_ownership(&pool, 1, job.outbox_id, "w")
+    assert_eq!(job.attempt, 1);
+    let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
         .await
         .unwrap()
         .unwrap();
-    let outcome = schedule_retry(&pool, 1, job.outbox_id, "503", Duration::ZERO, 2)
+    assert_eq!(owned.attempt, 2);
+    let last = retry_of(&job, owned.lease.unwrap(), AttemptEnd::NoEffect);
+    let outcome = schedule_retry(&pool, &last, Duration::ZERO, 2)
         .await
         .unwrap();
     assert_eq!(outcome, RetryOutcome::Dead);
@@ -114,11 +132,12 @@ async fn a_failed_call_is_retried_then_dead_and_an_accepted_message_is_not_claim
     .await
     .unwrap();
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
-    let owned = confirm_ownership(&pool, 1, job.outbox_id, "w")
+    let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
         .await
         .unwrap()
         .unwrap();
     assert!(owned.already_accepted);
+    assert_eq!(owned.lease, None, "nothing is in flight for it");
     let view = message_with_history(&pool, other.id)
         .await
         .unwrap()
@@ -149,7 +168,7 @@ async fn duplicate_receipts_add_nothing_and_final_receipts_are_ordered_by_provid
         .unwrap();
     let fence = take_over(&pool, 1, "p").await.unwrap();
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
-    confirm_ownership(&pool, 1, job.outbox_id, "w")
+    confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
         .await
         .unwrap();
     let provider = ProviderReceipt {
@@ -233,4 +252,274 @@ async fn duplicate_receipts_add_nothing_and_final_receipts_are_ordered_by_provid
         .await,
         4
     );
+}
+
+/// The last attempt timed out: nobody knows whether the provider took the message, so it is
+/// never DEAD for it; the row stays PENDING and says its next attempt asks by key.
+#[tokio::test]
+async fn an_unknown_outcome_on_the_last_attempt_is_never_dead() {
+    let (_pg, pool) = migrated(4).await;
+    let sent = message(1, None, "slow provider");
+    accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
+    let fence = take_over(&pool, 1, "p").await.unwrap();
+    for attempt in 1..=3 {
+        let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
+        let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(owned.attempt, attempt);
+        let unknown = retry_of(&job, owned.lease.unwrap(), AttemptEnd::Unknown);
+        let outcome = schedule_retry(&pool, &unknown, Duration::ZERO, 1)
+            .await
+            .unwrap();
+        assert_eq!(outcome, RetryOutcome::Scheduled, "attempt {attempt}");
+    }
+    let view = message_with_history(&pool, sent.id).await.unwrap().unwrap();
+    assert!(!states(&view).contains(&"DEAD"), "{:?}", states(&view));
+    let last = view.events.last().unwrap();
+    assert_eq!(last.detail["outcome"], "unknown");
+    assert_eq!(last.detail["next"], "ask the provider by key");
+    // Asked, the provider has nothing under the key: now DEAD is the truth.
+    let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
+    let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let none = retry_of(&job, owned.lease.unwrap(), AttemptEnd::NoEffect);
+    let outcome = schedule_retry(&pool, &none, Duration::ZERO, 1)
+        .await
+        .unwrap();
+    assert_eq!(outcome, RetryOutcome::Dead);
+}
+
+/// A worker that froze past its claim's lease is re-driven; its later writes present a lease
+/// that is gone and change nothing, while a live worker's renewals keep its claim.
+#[tokio::test]
+async fn a_claim_is_redriven_only_after_its_lease_ran_out_and_the_old_lease_writes_nothing() {
+    use herald_store::outbox::redrive_stale_claims;
+
+    let (_pg, pool) = migrated(4).await;
+    let frozen = message(1, None, "frozen worker");
+    let live = message(1, None, "live worker");
+    accept_messages(&pool, &[frozen.clone(), live.clone()])
+        .await
+        .unwrap();
+    let fence = take_over(&pool, 1, "p").await.unwrap();
+    let jobs = claim_pending(&pool, fence, 2).await.unwrap();
+    let short = Duration::from_millis(1500);
+    let mut owned = Vec::new();
+    for job in &jobs {
+        owned.push(
+            confirm_ownership(&pool, 1, job.outbox_id, "w", short)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let (frozen_job, frozen_owned) = jobs
+        .iter()
+        .zip(&owned)
+        .find(|(_, o)| o.message_id == frozen.id)
+        .unwrap();
+    let live_owned = owned.iter().find(|o| o.message_id == live.id).unwrap();
+    // Within the lease nothing is re-driven.
+    assert_eq!(redrive_stale_claims(&pool, fence).await.unwrap().pending, 0);
+    // Only the live worker renews.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let renewed = renew_leases(&pool, &[(live.id, live_owned.lease.unwrap())], short)
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1);
+    }
+    assert_eq!(redrive_stale_claims(&pool, fence).await.unwrap().pending, 1);
+    let view = message_with_history(&pool, frozen.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.events.last().unwrap().state, "RETRYING");
+    assert_eq!(view.events.last().unwrap().detail["outcome"], "unknown");
+    // The re-driven claim is confirmed by another worker…
+    let again = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
+    assert_eq!(again.outbox_id, frozen_job.outbox_id);
+    let second = confirm_ownership(&pool, 1, again.outbox_id, "w2", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.attempt, 2);
+    // …and the thawed worker's retry, under its old lease, moves nothing.
+    let stale = retry_of(frozen_job, frozen_owned.lease.unwrap(), AttemptEnd::Unknown);
+    let outcome = schedule_retry(&pool, &stale, Duration::ZERO, 10)
+        .await
+        .unwrap();
+    assert_eq!(outcome, RetryOutcome::NotOwned);
+    assert_eq!(
+        renew_leases(&pool, &[(frozen.id, frozen_owned.lease.unwrap())], LEASE)
+            .await
+            .unwrap(),
+        0,
+        "the old lease cannot be renewed either"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
+        .bind(again.outbox_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "DONE", "the second worker still owns it");
+}
+
+/// Provider ids wrap: two sends through one gateway got the same id minutes apart. A receipt
+/// the provider wrote between the two belongs to the first, however late it arrives.
+#[tokio::test]
+async fn a_late_receipt_finds_its_own_message_after_the_provider_id_wrapped() {
+    use herald_store::receipts::messages_for_receipts;
+
+    let (_pg, pool) = migrated(4).await;
+    let first = message(1, None, "first with id 7");
+    let second = message(1, None, "second with id 7");
+    accept_messages(&pool, &[first.clone(), second.clone()])
+        .await
+        .unwrap();
+    let fence = take_over(&pool, 1, "p").await.unwrap();
+    let receipt = ProviderReceipt {
+        gateway: "gw".to_owned(),
+        provider_id: "7".to_owned(),
+    };
+    for job in claim_pending(&pool, fence, 2).await.unwrap() {
+        let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
+            .await
+            .unwrap()
+            .unwrap();
+        let key = send_effect_key(owned.message_id);
+        record_accepted(&pool, owned.message_id, &key, &receipt)
+            .await
+            .unwrap();
+    }
+    // The first was submitted five minutes ago (its first CLAIMED), the second just now.
+    sqlx::query(
+        "UPDATE ledger SET submitted_at = now() - interval '5 minutes' WHERE message_id = $1",
+    )
+    .bind(first.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let submitted: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT submitted_at FROM ledger WHERE message_id = $1")
+            .bind(second.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let claimed: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT min(at) FROM message_events WHERE message_id = $1 AND state = 'CLAIMED'",
+    )
+    .bind(second.id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(submitted, claimed, "a ledger row records its first CLAIMED");
+    let now = chrono::Utc::now();
+    let lookups = [
+        // Written four minutes ago, delivered to Herald only now.
+        (
+            "gw".to_owned(),
+            "7".to_owned(),
+            now - chrono::Duration::minutes(4),
+        ),
+        ("gw".to_owned(), "7".to_owned(), now),
+        // Before either was submitted: neither.
+        (
+            "gw".to_owned(),
+            "7".to_owned(),
+            now - chrono::Duration::minutes(30),
+        ),
+        ("other".to_owned(), "7".to_owned(), now),
+    ];
+    let found = messages_for_receipts(&pool, &lookups).await.unwrap();
+    assert_eq!(found, vec![Some(first.id), Some(second.id), None, None]);
+}
+
+/// A receipt that comes before its send is recorded is held, charged nothing, and queued again
+/// once the ledger row is written; one whose send never comes is parked after the window.
+#[tokio::test]
+async fn a_receipt_before_its_send_is_held_until_the_send_is_recorded() {
+    use herald_store::receipts::{
+        accept_receipt, hold_receipts, park_expired_held, release_held_receipts, ReceiptToHold,
+    };
+
+    let (_pg, pool) = migrated(4).await;
+    let sent = message(1, None, "receipt first");
+    accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
+    let fence = take_over(&pool, 1, "p").await.unwrap();
+    let send_job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
+    let owned = confirm_ownership(&pool, 1, send_job.outbox_id, "w", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    // Two receipts arrive: one for this send (id 3), one for an id nobody sent (id 99).
+    let ours = accept_receipt(&pool, "gw", b"{\"id\":3}", None, 1)
+        .await
+        .unwrap();
+    let stray = accept_receipt(&pool, "gw", b"{\"id\":99}", None, 1)
+        .await
+        .unwrap();
+    let jobs = claim_pending(&pool, fence, 10).await.unwrap();
+    assert_eq!(jobs.len(), 2);
+    let now = chrono::Utc::now();
+    let hold: Vec<ReceiptToHold> = jobs
+        .iter()
+        .zip([(ours, "3"), (stray, "99")])
+        .map(|(job, (receipt_id, provider_id))| ReceiptToHold {
+            partition: 1,
+            outbox_id: job.outbox_id,
+            receipt_id,
+            gateway: "gw".to_owned(),
+            provider_id: provider_id.to_owned(),
+            provider_time: now,
+        })
+        .collect();
+    assert_eq!(hold_receipts(&pool, &hold).await.unwrap().len(), 2);
+    assert!(
+        hold_receipts(&pool, &hold).await.unwrap().is_empty(),
+        "a second copy holds nothing"
+    );
+    assert!(release_held_receipts(&pool, 100).await.unwrap().is_empty());
+    // The send is recorded: the receipt for id 3 is queued again, the other keeps waiting.
+    let key = send_effect_key(owned.message_id);
+    let provider = ProviderReceipt {
+        gateway: "gw".to_owned(),
+        provider_id: "3".to_owned(),
+    };
+    record_accepted(&pool, sent.id, &key, &provider)
+        .await
+        .unwrap();
+    assert_eq!(release_held_receipts(&pool, 100).await.unwrap(), vec![1]);
+    let requeued = claim_pending(&pool, fence, 10).await.unwrap();
+    assert_eq!(requeued.len(), 1);
+    assert_eq!(requeued[0].payload["receipt_id"], ours);
+    assert_eq!(requeued[0].attempt, 0, "holding charged nothing");
+    // The stray one is parked with its raw body once the window is over, not before.
+    assert_eq!(
+        park_expired_held(&pool, Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        park_expired_held(&pool, Duration::ZERO, 100).await.unwrap(),
+        1
+    );
+    let (raw, reason): (Vec<u8>, String) =
+        sqlx::query_as("SELECT raw, reason FROM parking WHERE receipt_id = $1")
+            .bind(stray)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(raw, b"{\"id\":99}");
+    assert!(reason.contains("provider id 99"), "{reason}");
+    assert_eq!(count(&pool, "SELECT count(*) FROM held_receipts").await, 0);
 }

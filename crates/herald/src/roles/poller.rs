@@ -25,9 +25,9 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
     if args.lease_ttl < std::time::Duration::from_secs(2) {
         return Err(ConfigError("--lease-ttl must be at least 2s".into()).into());
     }
-    if args.batch_size == 0 || args.max_batches_per_tick == 0 || args.max_attempts == 0 {
+    if args.batch_size == 0 || args.max_batches_per_tick == 0 {
         return Err(ConfigError(
-            "--batch-size, --max-batches-per-tick and --max-attempts must be at least 1".into(),
+            "--batch-size and --max-batches-per-tick must be at least 1".into(),
         )
         .into());
     }
@@ -90,8 +90,6 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
             poll_interval: args.poll_interval,
             redrive_interval: args.redrive_interval,
             stale_after: args.stale_after,
-            max_attempts: args.max_attempts,
-            stale_claim_after: args.stale_claim_after,
             ..PollerSettings::default()
         },
     );

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use herald_core::JobType;
 use herald_worker::provider::ProviderClient;
 use herald_worker::send::{SendHandler, SendSettings};
-use herald_worker::status::{reconcile_silent, StatusHandler, StatusSettings};
+use herald_worker::status::{reconcile_silent, release_held, StatusHandler, StatusSettings};
 use herald_worker::WorkerSettings;
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,10 @@ pub async fn main(args: WorkerArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// How often held receipts are checked against the ledger: a receipt that outran its send's
+/// write waits about this long after the write.
+const HELD_RECEIPTS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     if args.concurrency == 0 || args.max_attempts == 0 || args.max_batch == 0 {
         return Err(ConfigError(
@@ -29,6 +33,21 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         )
         .into());
     }
+    let send_settings = SendSettings {
+        max_attempts: args.max_attempts,
+        retry_base: args.retry_base,
+        max_group: args.max_batch,
+        blocked_recipients: args
+            .blocked_recipients
+            .iter()
+            .map(|r| r.trim().to_owned())
+            .collect(),
+        claim_lease: args.claim_lease,
+        ..SendSettings::default()
+    };
+    send_settings
+        .validate()
+        .map_err(|err| ConfigError(format!("--claim-lease / --max-attempts: {err}")))?;
     let provider = match (args.job_type, &args.provider_url) {
         (JobType::Send, None) => {
             return Err(ConfigError("--provider-url is required for --job-type send".into()).into())
@@ -92,16 +111,8 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
                 pool,
                 provider,
                 SendSettings {
-                    max_attempts: args.max_attempts,
-                    retry_base: args.retry_base,
-                    max_group: args.max_batch,
                     worker: consumer,
-                    blocked_recipients: args
-                        .blocked_recipients
-                        .iter()
-                        .map(|r| r.trim().to_owned())
-                        .collect(),
-                    ..SendSettings::default()
+                    ..send_settings
                 },
                 cancel.clone(),
             ));
@@ -114,16 +125,21 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
                 args.reconcile_interval,
                 cancel.clone(),
             ));
+            let releaser = tokio::spawn(release_held(
+                pool.clone(),
+                args.hold_receipts_for,
+                HELD_RECEIPTS_INTERVAL,
+                cancel.clone(),
+            ));
             let handler = Arc::new(StatusHandler {
                 pool,
                 settings: StatusSettings {
                     aliases: args.status_alias.iter().cloned().collect::<HashMap<_, _>>(),
-                    max_attempts: args.max_attempts,
-                    ..StatusSettings::default()
                 },
             });
             herald_worker::run(stores, handler, settings, cancel).await;
             let _ = reconciler.await;
+            let _ = releaser.await;
         }
     }
     admin_cancel.cancel();
