@@ -34,7 +34,6 @@ pub struct StatusSettings {
     pub aliases: HashMap<String, String>,
 }
 
-
 pub struct StatusHandler {
     pub pool: PgPool,
     pub settings: StatusSettings,

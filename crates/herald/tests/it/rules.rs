@@ -605,6 +605,79 @@ async fn r4_a_worker_killed_after_claimed_is_redriven_and_accepted_once() {
     verify_ok(&herald).await;
 }
 
+/// A slow provider is no reason to re-drive: a live worker renews its claims while its calls
+/// run, however much longer than the lease they take (before, a claim older than
+/// `--stale-claim-after` was re-driven while its call was in flight). A worker frozen with
+/// calls in flight stops renewing: its claims are re-driven after the lease and another worker
+/// sends them with the same keys; thawed, its late writes present leases that are gone and move
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_send_worker_frozen_past_its_lease_is_redriven_and_its_thaw_writes_nothing() {
+    let mut herald = Deployment::start(Options {
+        sim_flags: args(&["--latency", "5s"]),
+        worker_flags: args(&["--claim-lease", "3s", "--retry-base", "200ms"]),
+        poller_flags: args(&["--redrive-interval", "500ms"]),
+        ..Options::default()
+    })
+    .await;
+    let lease_expired = "SELECT count(*) FROM message_events
+                         WHERE state = 'RETRYING' AND detail->>'reason' LIKE 'claim lease expired%'";
+
+    // A live worker whose calls take 5 s under a 3 s lease keeps every claim.
+    let slow = send_n(&herald, "slow", 10).await;
+    herald.wait_delivered(10, MINUTE).await;
+    assert_eq!(
+        count(&herald, lease_expired).await,
+        0,
+        "nothing was re-driven"
+    );
+    let stats = herald.get_json_from(&herald.sim_url, "/v1/stats").await;
+    assert_eq!(stats["duplicate_submits"], 0, "{stats}");
+    assert_eq!(stats["conflicts"], 0, "{stats}");
+
+    // Frozen with ten calls in flight.
+    let frozen = send_n(&herald, "frozen", 10).await;
+    herald
+        .wait_for("SELECT count(*) FROM in_flight_sends", 10, MINUTE)
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // the requests have left
+    herald.role("worker").pause().unwrap();
+    herald.wait_for(lease_expired, 10, MINUTE).await;
+    let mut other = args(&["worker", "--job-type", "send", "--claim-lease", "3s"]);
+    other.extend(args(&[
+        "--retry-base",
+        "200ms",
+        "--redis-url",
+        &herald.redis.url(),
+        "--provider-url",
+        &herald.sim_url,
+    ]));
+    herald.spawn_with_admin("worker-2", other).await;
+    herald.wait_delivered(20, MINUTE).await;
+    herald.role("worker").resume().unwrap();
+    // Whatever the thawed worker writes now (ACCEPTED again, or a retry of a call it thinks
+    // timed out), no row goes back to PENDING and nothing is written twice.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        count(
+            &herald,
+            "SELECT count(*) FROM outbox WHERE job_type = 'send' AND status <> 'DONE'"
+        )
+        .await,
+        0
+    );
+    for id in slow.iter().chain(&frozen) {
+        let history = herald.history(id).await;
+        let accepted = states(&history)
+            .iter()
+            .filter(|s| **s == "ACCEPTED")
+            .count();
+        assert_eq!(accepted, 1, "{id}: {history:?}");
+        assert!(!states(&history).contains(&"DEAD"), "{id}: {history:?}");
+    }
+    verify_ok(&herald).await;
+}
+
 // ---------------------------------------------------------------------------------------- R5
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
