@@ -27,3 +27,11 @@ CREATE TABLE held_receipts (
 );
 
 CREATE INDEX held_receipts_age ON held_receipts (held_at);
+
+-- A partition's fencing epoch is PostgreSQL's own counter, bumped by every new ownership; the
+-- coordinator's generation and revision of that ownership are kept beside it, so a stale
+-- acquisition (a lower revision of the same generation) is refused, and a coordinator that
+-- lost its data (a new generation, revisions starting again from 1) cannot leave every
+-- partition without an owner.
+ALTER TABLE partition_leases ADD COLUMN coord_generation text;
+ALTER TABLE partition_leases ADD COLUMN coord_revision bigint;

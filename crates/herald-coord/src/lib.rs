@@ -1,12 +1,15 @@
 //! Herald's coordination through etcd. Each poller keeps a member key under its own lease;
 //! a partition's ownership key is created in a transaction only if it is absent and is bound to
-//! the owner's lease, so it vanishes when the owner stops renewing. The key's create revision is
-//! the ownership's epoch: etcd revisions only grow, so a later owner always has a higher epoch,
-//! which the poller records in PostgreSQL before it claims (see `herald_store::leases`).
+//! the owner's lease, so it vanishes when the owner stops renewing. The key's create revision
+//! orders acquisitions (within one generation of etcd, revisions only grow); the poller records
+//! it, with the generation, in PostgreSQL before it claims, and PostgreSQL answers the fencing
+//! epoch (see `herald_store::leases`).
 //!
 //! Keys, under a configurable prefix (default `/herald`):
 //! - `{prefix}/members/{poller id}` = poller id, on the member's lease;
-//! - `{prefix}/owners/{partition:04}` = owner's poller id, on the owner's lease.
+//! - `{prefix}/owners/{partition:04}` = owner's poller id, on the owner's lease;
+//! - `{prefix}/generation` = a random id written once by the first poller that finds it absent:
+//!   it changes only when etcd lost its data, and tells revisions of two lives of etcd apart.
 
 pub mod membership;
 
@@ -34,8 +37,8 @@ pub enum CoordError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ownership {
     pub owner: String,
-    /// The ownership key's create revision: the partition's fencing epoch.
-    pub epoch: i64,
+    /// The ownership key's create revision (PostgreSQL assigns the fencing epoch).
+    pub revision: i64,
     pub lease: i64,
 }
 
@@ -117,7 +120,7 @@ impl Coordinator {
                 partition,
                 Ownership {
                     owner: kv.value_str()?.to_owned(),
-                    epoch: kv.create_revision(),
+                    revision: kv.create_revision(),
                     lease: kv.lease(),
                 },
             );
@@ -167,6 +170,52 @@ impl Coordinator {
         // transaction's revision.
         let revision = response.header().map(|h| h.revision()).unwrap_or_default();
         Ok(Some(revision))
+    }
+
+    /// This etcd's generation: the id under `{prefix}/generation`, created (one transaction,
+    /// first writer wins) when absent. A new id means etcd lost its data since the last one was
+    /// read, so its revisions started again.
+    pub async fn generation(&self) -> Result<String, CoordError> {
+        let key = format!("{}/generation", self.prefix);
+        let fresh = uuid::Uuid::now_v7().to_string();
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(vec![TxnOp::put(key.as_str(), fresh.as_str(), None)])
+            .or_else(vec![TxnOp::get(key.as_str(), None)]);
+        let mut client = self.client.clone();
+        let response = client.txn(txn).await?;
+        if response.succeeded() {
+            return Ok(fresh);
+        }
+        for op in response.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(get) = op {
+                if let Some(kv) = get.kvs().first() {
+                    return Ok(kv.value_str()?.to_owned());
+                }
+            }
+        }
+        Err(CoordError::BadKey {
+            key,
+            reason: "the generation key vanished while it was read".to_owned(),
+        })
+    }
+
+    /// etcd's current revision. It only grows while etcd keeps its data; a revision recorded
+    /// elsewhere that is higher than this one comes from an earlier life of a cluster whose data
+    /// was lost.
+    pub async fn current_revision(&self) -> Result<i64, CoordError> {
+        let mut client = self.client.clone();
+        let response = client
+            .get(
+                self.owners_prefix(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await?;
+        Ok(response.header().map(|h| h.revision()).unwrap_or_default())
     }
 
     /// Deletes the partition's ownership key if it is still the one `member` created at

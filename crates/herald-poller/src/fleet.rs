@@ -5,9 +5,11 @@
 //! member set ([`herald_core::assignment::assign`]) and reconciles: it first stops the
 //! partitions that are no longer its own — the partition task finishes its in-flight batch,
 //! then the ownership key is deleted so the next owner starts at once — and then creates the
-//! ownership keys of the partitions assigned to it that nobody holds. A new key's create
-//! revision is the epoch; it is recorded in `partition_leases` before the first claim, so the
-//! previous owner's statements change nothing from then on. When the lease cannot be renewed
+//! ownership keys of the partitions assigned to it that nobody holds. A new key is recorded in
+//! `partition_leases` before the first claim, with its create revision; PostgreSQL answers the
+//! fencing epoch (its own counter, one more than the previous owner's), so the previous
+//! owner's statements change nothing from then on, and an etcd that lost its data (revisions
+//! starting again) cannot strand the partitions. When the lease cannot be renewed
 //! for half its TTL, the poller stops every partition before the lease can expire, then joins
 //! again with a new lease.
 
@@ -47,6 +49,8 @@ pub struct Fleet {
 
 struct Running {
     fence: Fence,
+    /// The ownership key's create revision in etcd (the fence's epoch is PostgreSQL's).
+    revision: i64,
     cancel: CancellationToken,
     task: JoinHandle<PartitionExit>,
 }
@@ -185,7 +189,7 @@ impl Fleet {
             .filter(|(p, running)| {
                 let key_held = owners
                     .get(p)
-                    .is_some_and(|o| o.owner == me && o.epoch == running.fence.epoch);
+                    .is_some_and(|o| o.owner == me && o.revision == running.revision);
                 !mine(**p) || !key_held || running.task.is_finished()
             })
             .map(|(p, _)| *p)
@@ -200,10 +204,7 @@ impl Fleet {
             if !matches!(exit, Ok(Ok(PartitionExit::Cancelled))) {
                 tracing::warn!(partition, ?exit, "partition task did not end cleanly");
             }
-            let released = self
-                .coord
-                .release(partition, me, running.fence.epoch)
-                .await?;
+            let released = self.coord.release(partition, me, running.revision).await?;
             if released {
                 tracing::info!(
                     partition,
@@ -229,13 +230,13 @@ impl Fleet {
             .collect();
         // Acquired concurrently: the handoff gap of the last partition is one round trip, not
         // one per partition.
-        let acquired: Vec<anyhow::Result<Option<Fence>>> = futures::stream::iter(free)
+        let acquired: Vec<anyhow::Result<Option<(Fence, i64)>>> = futures::stream::iter(free)
             .map(|partition| self.acquire(partition, lease))
             .buffer_unordered(16)
             .collect()
             .await;
         for fence in acquired {
-            let Some(fence) = fence? else {
+            let Some((fence, revision)) = fence? else {
                 continue;
             };
             let partition = fence.partition;
@@ -264,6 +265,7 @@ impl Fleet {
                 partition,
                 Running {
                     fence,
+                    revision,
                     cancel,
                     task,
                 },
@@ -272,25 +274,33 @@ impl Fleet {
         Ok(())
     }
 
-    /// Creates the partition's ownership key and records its epoch in PostgreSQL. `None` when
-    /// someone else holds the key, or (never expected) PostgreSQL already has a higher epoch.
-    async fn acquire(&self, partition: u32, lease: i64) -> anyhow::Result<Option<Fence>> {
+    /// Creates the partition's ownership key and records the ownership in PostgreSQL, which
+    /// answers its fencing epoch. `None` when someone else holds the key, or PostgreSQL already
+    /// records a newer ownership (this acquisition was overtaken). Answers the fence and the
+    /// key's create revision.
+    async fn acquire(&self, partition: u32, lease: i64) -> anyhow::Result<Option<(Fence, i64)>> {
         let me = self.settings.member.as_str();
-        let Some(epoch) = self.coord.try_acquire(partition, me, lease).await? else {
+        let Some(revision) = self.coord.try_acquire(partition, me, lease).await? else {
             return Ok(None);
         };
-        if !herald_store::leases::record_epoch(&self.pool, partition, me, epoch).await? {
-            // etcd and PostgreSQL disagree about who is newer: never write.
+        let taken = herald_store::leases::Acquisition {
+            generation: &self.coord.generation().await?,
+            revision,
+            current_revision: self.coord.current_revision().await?,
+        };
+        let recorded = herald_store::leases::record_epoch(&self.pool, partition, me, taken).await?;
+        let Some(epoch) = recorded else {
+            // A newer ownership is already recorded: never write.
             ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
             tracing::error!(
                 partition,
-                epoch,
-                "a higher epoch is already recorded; not claiming"
+                revision,
+                "a newer ownership is already recorded; not claiming"
             );
-            self.coord.release(partition, me, epoch).await?;
+            self.coord.release(partition, me, revision).await?;
             return Ok(None);
-        }
-        Ok(Some(Fence { partition, epoch }))
+        };
+        Ok(Some((Fence { partition, epoch }, revision)))
     }
 
     /// Stops every partition task (each finishes its in-flight batch), bounded by the drain

@@ -13,6 +13,7 @@ use crate::{free_port, wait_until};
 pub struct LocalEtcd {
     process: Managed,
     client_port: u16,
+    data_dir: std::path::PathBuf,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -63,6 +64,7 @@ impl LocalEtcd {
         let etcd = Self {
             process,
             client_port,
+            data_dir: root.join("data"),
             _temp: None,
         };
         etcd.wait_ready().await?;
@@ -112,5 +114,14 @@ impl LocalEtcd {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.process.start()?;
         self.wait_ready().await
+    }
+
+    /// Stops the server, deletes its data (every key, lease and revision) and starts it again
+    /// empty on the same port: revisions start again from 1.
+    pub async fn wipe_and_restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await?;
+        std::fs::remove_dir_all(&self.data_dir)
+            .with_context(|| format!("removing {}", self.data_dir.display()))?;
+        self.restart().await
     }
 }

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use herald_store::accept::accept_messages;
-use herald_store::leases::{record_epoch, take_over};
+use herald_store::leases::{record_epoch, take_over, Acquisition};
 use herald_store::outbox::{
     claim_pending, mark_published, redrive_orphaned, redrive_stale, release_unpublished, ClaimAs,
     LostBefore, Redriven,
@@ -82,12 +82,42 @@ async fn a_deposed_owner_changes_nothing() {
             .unwrap(),
         Redriven::default()
     );
-    // An older epoch cannot be recorded over a newer one.
-    assert!(!record_epoch(&pool, 0, "old", old.epoch).await.unwrap());
-    assert!(record_epoch(&pool, 0, "newer", new.epoch + 5)
+    // An ownership recorded from the coordinator gets the next epoch and fences the rest; an
+    // overtaken one (a lower revision of the same generation) is refused.
+    let taken = |generation, revision, current_revision| Acquisition {
+        generation,
+        revision,
+        current_revision,
+    };
+    let first = record_epoch(&pool, 0, "first", taken("g1", 50, 60))
         .await
-        .unwrap());
+        .unwrap();
+    assert_eq!(first, Some(new.epoch + 1));
     assert!(claim_pending(&pool, new, 10).await.is_err());
+    assert_eq!(
+        record_epoch(&pool, 0, "overtaken", taken("g1", 40, 70))
+            .await
+            .unwrap(),
+        None
+    );
+    // etcd lost its data: a new generation, revisions from 1 again, soon past the old ones
+    // elsewhere. The new ownership gets the next epoch, so the partition is not stranded…
+    let after_wipe = record_epoch(&pool, 0, "after-wipe", taken("g2", 7, 80))
+        .await
+        .unwrap();
+    assert_eq!(after_wipe, Some(new.epoch + 2));
+    // …and an overtaken acquisition of the new generation is still refused.
+    assert_eq!(
+        record_epoch(&pool, 0, "stale", taken("g2", 5, 80))
+            .await
+            .unwrap(),
+        None
+    );
+    // A restore took etcd's history back below what was recorded: superseded.
+    let restored = record_epoch(&pool, 0, "restored", taken("g2", 3, 4))
+        .await
+        .unwrap();
+    assert_eq!(restored, Some(new.epoch + 3));
     // The deposed owners touched nothing: one row claimed, by the first epoch.
     let touched: Vec<(String, Option<i64>)> =
         sqlx::query_as("SELECT status, claimed_epoch FROM outbox ORDER BY id")

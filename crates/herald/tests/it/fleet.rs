@@ -154,6 +154,31 @@ impl Drop for GapWatch {
     }
 }
 
+/// The fences (partition, epoch) PostgreSQL answered for the etcd ownerships taken at
+/// `revisions`, once every one of them is recorded. Epochs count per partition.
+async fn recorded_epochs(herald: &Deployment, revisions: &[i64]) -> Vec<(i32, i64)> {
+    until(
+        "the ownerships recorded in PostgreSQL",
+        PATIENCE,
+        || async {
+            let epochs: Vec<(i32, i64)> = sqlx::query_as(
+                "SELECT partition, epoch FROM partition_leases WHERE coord_revision = ANY($1)
+                 ORDER BY partition",
+            )
+            .bind(revisions)
+            .fetch_all(&herald.pool)
+            .await
+            .map_err(|err| err.to_string())?;
+            if epochs.len() == revisions.len() {
+                Ok(epochs)
+            } else {
+                Err(format!("{} of {} recorded", epochs.len(), revisions.len()))
+            }
+        },
+    )
+    .await
+}
+
 async fn owned_gauge(herald: &Deployment, poller: usize) -> f64 {
     let text = herald.metrics(&herald.poller_admins[poller]).await;
     text.lines()
@@ -193,9 +218,9 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
                 gauges.push((owned_gauge(&herald, i).await, counts[*name] as f64));
             }
             let gauges_match = gauges.iter().all(|(gauge, etcd)| gauge == etcd);
-            // PostgreSQL records the epoch of each etcd ownership.
+            // PostgreSQL records each etcd ownership (its revision) with its own epoch.
             let recorded: Vec<(i32, String, i64)> = sqlx::query_as(
-                "SELECT partition, owner, epoch FROM partition_leases ORDER BY partition",
+                "SELECT partition, owner, coord_revision FROM partition_leases ORDER BY partition",
             )
             .fetch_all(&herald.pool)
             .await
@@ -203,7 +228,7 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
             let epochs_match = recorded.len() == P as usize
                 && recorded.iter().all(|(p, owner, epoch)| {
                     let etcd = &before[&(*p as u32)];
-                    (owner, *epoch) == (&etcd.owner, etcd.epoch)
+                    (owner, *epoch) == (&etcd.owner, etcd.revision)
                 });
             if gauges_match && epochs_match {
                 Ok(())
@@ -243,11 +268,11 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
     for p in 0..P {
         if before[&p].owner == after[&p].owner {
             assert_eq!(
-                before[&p].epoch, after[&p].epoch,
+                before[&p].revision, after[&p].revision,
                 "partition {p} was re-acquired needlessly"
             );
         } else {
-            assert!(after[&p].epoch > before[&p].epoch);
+            assert!(after[&p].revision > before[&p].revision);
         }
     }
     assert!(
@@ -284,7 +309,7 @@ async fn a_killed_poller_s_partitions_are_owned_again_by_the_survivors() {
     let (handoffs, largest) = gaps.recorded(share.len()).await;
     for p in &share {
         assert!(
-            after[p].epoch > before[p].epoch,
+            after[p].revision > before[p].revision,
             "partition {p}: {:?}",
             after[p]
         );
@@ -346,11 +371,12 @@ async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins(
     let mut herald = fleet(2, "3s").await;
     let coord = coordinator(&herald).await;
     let before = wait_stable(&coord, &["poller-0", "poller-1"]).await;
-    let old_epochs: Vec<i64> = before
+    let old_revisions: Vec<i64> = before
         .values()
         .filter(|o| o.owner == "poller-1")
-        .map(|o| o.epoch)
+        .map(|o| o.revision)
         .collect();
+    let old_epochs = recorded_epochs(&herald, &old_revisions).await;
     let load = Load::start(&herald, 20, Duration::from_millis(50));
     // The pause lands while messages flow.
     accepted_more(&herald, 200).await;
@@ -359,33 +385,32 @@ async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins(
     let new_owners = wait_stable(&coord, &["poller-0"]).await;
     // The takeover is complete when PostgreSQL holds the new epochs (etcd comes first): until
     // then the old owner's fence is still the recorded one.
-    let new_epochs: Vec<i64> = new_owners.values().map(|o| o.epoch).collect();
-    herald
-        .wait_for(
-            &format!(
-                "SELECT count(*) FROM partition_leases WHERE epoch = ANY(ARRAY{new_epochs:?}::bigint[])"
-            ),
-            P as i64,
-            PATIENCE,
-        )
-        .await;
+    let new_revisions: Vec<i64> = new_owners.values().map(|o| o.revision).collect();
+    recorded_epochs(&herald, &new_revisions).await;
     let taken_over: chrono_free::Now = chrono_free::now(&herald.pool).await;
     herald.role("poller-1").resume().unwrap();
     // It rejoins: both members again, poller-1 with new epochs.
     let after = wait_stable(&coord, &["poller-0", "poller-1"]).await;
-    let rejoined: Vec<i64> = after
+    let rejoined_revisions: Vec<i64> = after
         .values()
         .filter(|o| o.owner == "poller-1")
-        .map(|o| o.epoch)
+        .map(|o| o.revision)
         .collect();
-    for epoch in &rejoined {
-        assert!(!old_epochs.contains(epoch));
+    let rejoined = recorded_epochs(&herald, &rejoined_revisions).await;
+    for fence in &rejoined {
+        assert!(!old_epochs.contains(fence));
     }
+    let pairs = |fences: &[(i32, i64)]| -> (Vec<i32>, Vec<i64>) { fences.iter().copied().unzip() };
+    let (rejoined_partitions, rejoined_epochs) = pairs(&rejoined);
+    let (old_partitions, old_epoch_values) = pairs(&old_epochs);
     // ... and claims again under them before the load stops.
     herald
         .wait_for(
             &format!(
-                "SELECT count(*) FROM outbox WHERE claimed_epoch = ANY(ARRAY{rejoined:?}::bigint[])"
+                "SELECT count(*) FROM outbox o
+                 JOIN UNNEST(ARRAY{rejoined_partitions:?}::int[], ARRAY{rejoined_epochs:?}::bigint[])
+                   AS f(partition, epoch)
+                   ON o.partition = f.partition AND o.claimed_epoch = f.epoch"
             ),
             1,
             PATIENCE,
@@ -395,9 +420,13 @@ async fn a_paused_poller_writes_nothing_after_losing_its_partitions_and_rejoins(
     prove(&herald, accepted).await;
 
     let touched: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox WHERE claimed_epoch = ANY($1) AND claimed_at > $2::timestamptz",
+        "SELECT count(*) FROM outbox o
+         JOIN UNNEST($1::int[], $2::bigint[]) AS f(partition, epoch)
+           ON o.partition = f.partition AND o.claimed_epoch = f.epoch
+         WHERE o.claimed_at > $3::timestamptz",
     )
-    .bind(&old_epochs)
+    .bind(&old_partitions)
+    .bind(&old_epoch_values)
     .bind(&taken_over.0)
     .fetch_one(&herald.pool)
     .await
@@ -450,6 +479,51 @@ async fn an_etcd_outage_stops_claiming_and_the_fleet_resumes_after_it() {
     accepted_more(&herald, 100).await;
     let accepted = load.finish().await;
     prove(&herald, accepted).await;
+}
+
+/// etcd loses its data (a wiped volume, a restore from an old snapshot): its revisions start
+/// again below the ones recorded in PostgreSQL. The fleet rejoins and owns every partition
+/// again, and delivery goes on; before, every acquisition was refused as older than the
+/// recorded epoch and the partitions stayed without an owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_that_lost_its_data_is_rejoined_and_nothing_is_stranded() {
+    let mut herald = fleet(2, "4s").await;
+    let coord = coordinator(&herald).await;
+    wait_stable(&coord, &["poller-0", "poller-1"]).await;
+    let load = Load::start(&herald, 20, Duration::from_millis(100));
+    accepted_more(&herald, 200).await;
+    let before: i64 = sqlx::query_scalar("SELECT max(coord_revision) FROM partition_leases")
+        .fetch_one(&herald.pool)
+        .await
+        .unwrap();
+
+    herald.etcd.wipe_and_restart().await.unwrap();
+    let coord = coordinator(&herald).await;
+    assert!(
+        coord.current_revision().await.unwrap() < before,
+        "the new etcd's revisions start below the recorded ones"
+    );
+    wait_stable(&coord, &["poller-0", "poller-1"]).await;
+    accepted_more(&herald, 200).await;
+    let accepted = load.finish().await;
+    prove(&herald, accepted).await;
+    // A poller still running when the other rejoined is fenced (that is the fence at work);
+    // what must not happen is an acquisition refused as older than what PostgreSQL recorded.
+    let logs: String = ["poller-0", "poller-1"]
+        .iter()
+        .map(|name| herald.role(name).log_tail(200_000))
+        .flat_map(|log| {
+            log.lines()
+                .filter(|l| l.contains("newer ownership"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        logs.is_empty(),
+        "acquisitions after the wipe were refused: {logs}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
