@@ -237,7 +237,7 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
     if request.recipient.is_empty() {
         return error(StatusCode::UNPROCESSABLE_ENTITY, "recipient is empty");
     }
-    let Some(_in_progress) = InProgress::start(&sim.in_progress, &key) else {
+    let Some(in_progress) = InProgress::start(&sim.in_progress, &key) else {
         sim.record.lock().await.count_conflict();
         metrics::counter!("herald_sim_submits_total", "outcome" => "conflict").increment(1);
         return error(
@@ -299,7 +299,16 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
     }
     if time_out {
         sim.record.lock().await.count_timeout();
-        tokio::time::sleep(sim.settings.timeout_delay).await;
+        // The gateway keeps working on the key for the whole delay, whether or not the client
+        // waits for the answer: a submit under the same key meanwhile is a 409.
+        let delay = sim.settings.timeout_delay;
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            drop(in_progress);
+        });
+        tokio::time::sleep(delay).await;
+    } else {
+        drop(in_progress);
     }
     Json(answer).into_response()
 }

@@ -397,13 +397,25 @@ async fn r3_past_the_attempt_limit_a_send_is_dead_visible_and_can_be_redriven() 
     assert_eq!(dead["count"], 5);
     let rows = dead["dead"].as_array().unwrap();
     assert_eq!(rows.len(), 5);
+    // Two submits answered 503 (which may or may not have taken effect), then a third attempt
+    // asked the provider by key and found nothing: only now is DEAD the truth.
     assert!(rows
         .iter()
-        .all(|r| r["attempts"] == 2 && r["job_type"] == "send"));
+        .all(|r| r["attempts"] == 3 && r["job_type"] == "send"));
     assert!(
-        rows[0]["last_error"].as_str().unwrap().contains("503"),
+        rows[0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("no submit under this key"),
         "{}",
         rows[0]
+    );
+    let history = herald.history(&ids[0]).await;
+    assert!(
+        history
+            .iter()
+            .any(|(s, d)| s == "RETRYING" && d["next"] == "ask the provider by key"),
+        "{history:?}"
     );
     assert_eq!(
         herald
@@ -756,6 +768,11 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
     assert_eq!(
         count(&herald, "SELECT count(*) FROM outbox WHERE status = 'DEAD'").await,
         0
+    );
+    let stats = herald.get_json_from(&herald.sim_url, "/v1/stats").await;
+    assert!(
+        stats["conflicts"].as_u64().unwrap_or(0) > 0,
+        "a retry met the first submit still in progress (409): {stats}"
     );
     for id in &settled {
         let history = herald.history(id).await;
