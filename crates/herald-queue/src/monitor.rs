@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{QueueError, QueueStore};
 
 /// One reading of a store.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StoreStats {
     pub used_memory: u64,
     /// `maxmemory`; 0 means no limit was set.
@@ -20,9 +20,19 @@ pub struct StoreStats {
     pub pending: u64,
     /// Keys in the store's database (one stream per shard, nothing per job).
     pub keys: u64,
+    /// `maxmemory-policy` as `INFO memory` reports it (`None` when the server does not say).
+    pub eviction_policy: Option<String>,
 }
 
 impl StoreStats {
+    /// Whether the store may delete data on its own: any `maxmemory-policy` but `noeviction`
+    /// may drop a stream (its jobs) under memory pressure.
+    pub fn may_evict(&self) -> bool {
+        self.eviction_policy
+            .as_deref()
+            .is_some_and(|policy| policy != "noeviction")
+    }
+
     /// used / max, or 0 when no limit is set.
     pub fn memory_ratio(&self) -> f64 {
         if self.max_memory == 0 {
@@ -65,12 +75,17 @@ impl QueueStore {
             Err(err) if err.code() == Some("NOGROUP") => 0,
             Err(err) => return Err(err.into()),
         };
+        let eviction_policy = info
+            .lines()
+            .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+            .map(|policy| policy.trim().to_owned());
         Ok(StoreStats {
             used_memory: field("used_memory"),
             max_memory: field("maxmemory"),
             stream_length,
             pending,
             keys,
+            eviction_policy,
         })
     }
 }
@@ -83,6 +98,11 @@ pub enum Pressure {
     Full {
         ratio: f64,
         threshold: f64,
+    },
+    /// The store may evict data (`maxmemory-policy` is not `noeviction`): nothing is published
+    /// to it, since a job in it could vanish without a trace in Redis.
+    Evicting {
+        policy: String,
     },
     /// The last reading failed (or none was made yet).
     Unreachable,
@@ -101,6 +121,8 @@ pub struct MonitoredStore {
     threshold: f64,
     ratio_bits: Arc<AtomicU64>,
     reachable: Arc<AtomicBool>,
+    /// The eviction policy of the last reading, when it is not `noeviction`.
+    evicting: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Memory use as a share of `maxmemory`, by job type and shard.
@@ -110,6 +132,8 @@ pub const PENDING: &str = "herald_queue_pending_entries";
 pub const KEYS: &str = "herald_queue_keys";
 /// 1 when the store answered the last reading, 0 when it did not.
 pub const UP: &str = "herald_queue_up";
+/// 1 when the store's `maxmemory-policy` may evict data (anything but `noeviction`).
+pub const EVICTING: &str = "herald_queue_eviction_policy_unsafe";
 
 pub fn describe() {
     metrics::describe_gauge!(
@@ -129,6 +153,10 @@ pub fn describe() {
         "Keys in the queue store (one stream per shard; nothing per job)."
     );
     metrics::describe_gauge!(UP, "1 if the queue store answered the last reading.");
+    metrics::describe_gauge!(
+        EVICTING,
+        "1 if the queue store's maxmemory-policy may evict data (publishing to it stops)."
+    );
 }
 
 impl MonitoredStore {
@@ -145,6 +173,7 @@ impl MonitoredStore {
             threshold,
             ratio_bits: Arc::new(AtomicU64::new(0f64.to_bits())),
             reachable: Arc::new(AtomicBool::new(true)),
+            evicting: Arc::default(),
         };
         let reader = monitored.clone();
         tokio::spawn(async move {
@@ -168,7 +197,18 @@ impl MonitoredStore {
                 self.ratio_bits
                     .store(stats.memory_ratio().to_bits(), Ordering::Relaxed);
                 self.reachable.store(true, Ordering::Relaxed);
+                let evicting = stats
+                    .may_evict()
+                    .then(|| stats.eviction_policy.clone().unwrap_or_default());
+                if let Ok(mut current) = self.evicting.lock() {
+                    if evicting.is_some() && *current != evicting {
+                        tracing::error!(job_type, shard, policy = ?evicting,
+                            "the queue store may evict data: set maxmemory-policy noeviction; nothing is published to it until then");
+                    }
+                    *current = evicting.clone();
+                }
                 let labels = [("job_type", job_type.to_owned()), ("shard", shard)];
+                metrics::gauge!(EVICTING, &labels).set(if evicting.is_some() { 1.0 } else { 0.0 });
                 metrics::gauge!(MEMORY_RATIO, &labels).set(stats.memory_ratio());
                 metrics::gauge!(STREAM_LENGTH, &labels).set(stats.stream_length as f64);
                 metrics::gauge!(PENDING, &labels).set(stats.pending as f64);
@@ -188,6 +228,9 @@ impl MonitoredStore {
     pub fn pressure(&self) -> Pressure {
         if !self.reachable.load(Ordering::Relaxed) {
             return Pressure::Unreachable;
+        }
+        if let Some(policy) = self.evicting.lock().ok().and_then(|p| p.clone()) {
+            return Pressure::Evicting { policy };
         }
         let ratio = f64::from_bits(self.ratio_bits.load(Ordering::Relaxed));
         if ratio >= self.threshold {
@@ -209,6 +252,9 @@ impl MonitoredStore {
                 "queue store {name} is {:.0}% full (threshold {:.0}%): publishing paused",
                 ratio * 100.0,
                 threshold * 100.0
+            )),
+            Pressure::Evicting { policy } => Some(format!(
+                "queue store {name} has maxmemory-policy {policy}, which may evict jobs: set noeviction; publishing paused"
             )),
             Pressure::Unreachable => Some(format!("queue store {name} is unreachable")),
         }

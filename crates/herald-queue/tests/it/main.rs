@@ -247,3 +247,41 @@ async fn the_oldest_entry_is_the_oldest_not_yet_handled_read_or_not() {
     store.ack_and_delete(&second).await.unwrap();
     assert_eq!(store.oldest_entry_ms().await.unwrap(), None);
 }
+
+/// A store whose `maxmemory-policy` may evict data could drop a stream with its jobs: it is
+/// reported as not OK (publishing stops, `/readyz` says why) until it is `noeviction` again.
+#[tokio::test]
+async fn a_store_that_may_evict_is_not_published_to() {
+    use herald_queue::monitor::{MonitoredStore, Pressure};
+
+    let redis = LocalRedis::start().await.unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let monitored = MonitoredStore::start(store(&redis), 0.8, Duration::from_secs(3600), cancel);
+    monitored.refresh().await;
+    assert_eq!(monitored.pressure(), Pressure::Ok);
+    let set_policy = |policy: &'static str| {
+        let redis = &redis;
+        async move {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory-policy")
+                .arg(policy)
+                .query_async(&mut connection(redis).await)
+                .await
+                .unwrap();
+        }
+    };
+    set_policy("allkeys-lru").await;
+    monitored.refresh().await;
+    assert_eq!(
+        monitored.pressure(),
+        Pressure::Evicting {
+            policy: "allkeys-lru".to_owned()
+        }
+    );
+    let why = monitored.describe_pressure().unwrap();
+    assert!(why.contains("noeviction"), "{why}");
+    set_policy("noeviction").await;
+    monitored.refresh().await;
+    assert_eq!(monitored.pressure(), Pressure::Ok);
+}
