@@ -374,8 +374,9 @@ pub async fn reconcile_silent(
 }
 
 /// Held receipts (sends recorded late): every `interval`, those a ledger row now matches are
-/// queued again and their partitions' pollers woken; those held longer than `hold_for` are
-/// parked with their raw bodies. The held count is exported as a gauge. Until `cancel`.
+/// queued again and their partitions' pollers woken; every tenth interval, those held longer
+/// than `hold_for` are parked with their raw bodies and the held count is exported as a gauge.
+/// Until `cancel`.
 pub async fn release_held(
     pool: PgPool,
     hold_for: Duration,
@@ -383,7 +384,7 @@ pub async fn release_held(
     cancel: CancellationToken,
 ) {
     let wakeups = Wakeups::spawn(pool.clone(), Duration::from_millis(5));
-    loop {
+    for tick in 0u64.. {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
@@ -404,6 +405,10 @@ pub async fn release_held(
                     break;
                 }
             }
+        }
+        // Expiry and the gauge are not urgent: every tenth pass.
+        if tick % 10 != 0 {
+            continue;
         }
         match park_expired_held(&pool, hold_for, 1000).await {
             Ok(0) => {}
