@@ -336,7 +336,8 @@ pub fn pgbench_script(size: usize, payload_bytes: usize, partitions: u32) -> Str
             "$6::bytea[]",
             &array("'\\x000102030405060708090a0b0c0d0e0f'::bytea", "bytea"),
         )
-        .replace("$7", "'send'");
+        .replace("$7", "'send'")
+        .replace("$8::text[]", &array("NULL::text", "text"));
     let statement = statement.trim().replace('\n', " ");
     format!("BEGIN;\n{statement};\nCOMMIT;\n")
 }
