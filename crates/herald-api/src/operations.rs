@@ -5,13 +5,14 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use herald_core::{partition_of, PartitionCount};
+use axum::{Extension, Json};
+use herald_core::{partition_of, signature, PartitionCount};
 use herald_store::receipts::{NewReceipt, Replay};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::metrics::{RECEIPTS, REJECTED};
+use crate::auth::Caller;
+use crate::metrics::{RECEIPTS, REJECTED, SIGNATURE_REJECTIONS};
 use crate::problem::Problem;
 use crate::ApiState;
 
@@ -41,19 +42,44 @@ fn check_gateway(gateway: &str) -> Result<(), Problem> {
     .with_field("gateway"))
 }
 
-/// What both receipt endpoints check first: the gateway name, and a body within the limit
-/// that is not empty. Answers the body and its content type.
+/// What both receipt endpoints check first: that the gateway has a secret, a body within the
+/// limit, signed by one of the gateway's secrets (unless this is a development run without
+/// receipt secrets), and not empty. Answers the body and its content type. A refused post has
+/// written nothing.
 async fn receipt_request(
     state: &ApiState,
     gateway: &str,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(axum::body::Bytes, Option<String>), Problem> {
-    check_gateway(gateway)?;
+    let credentials = &state.credentials;
+    let secrets = if credentials.receipts_open() {
+        check_gateway(gateway)?;
+        None
+    } else {
+        // Configured gateway names are valid ones, so an invalid name has no secret either.
+        let Some(secrets) = credentials.receipt_secrets(gateway) else {
+            return Err(signature_refused(gateway, "unknown_gateway"));
+        };
+        Some(secrets)
+    };
     let limit = state.limits.max_body_bytes;
     let raw = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| Problem::too_large(limit))?;
+    if let Some(secrets) = secrets {
+        let signature = headers
+            .get(signature::HEADER)
+            .map(|value| value.to_str().unwrap_or_default());
+        signature::verify(
+            secrets,
+            signature,
+            &raw,
+            unix_now(),
+            credentials.signature_window.as_secs(),
+        )
+        .map_err(|err| signature_refused(gateway, err.reason()))?;
+    }
     if raw.is_empty() {
         return Err(Problem::invalid_field(
             "body",
@@ -65,6 +91,44 @@ async fn receipt_request(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     Ok((raw, content_type))
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// A receipt post whose signature is refused: counted by reason, logged, answered 401.
+fn signature_refused(gateway: &str, reason: &'static str) -> Problem {
+    metrics::counter!(SIGNATURE_REJECTIONS, "reason" => reason).increment(1);
+    // A gateway name that is not one is not repeated into the log.
+    let shown = if check_gateway(gateway).is_ok() {
+        gateway
+    } else {
+        "(invalid name)"
+    };
+    tracing::warn!(
+        gateway = shown,
+        reason,
+        "refused a receipt post: its signature does not hold"
+    );
+    let detail = match reason {
+        "unknown_gateway" => format!("no receipt secret is configured for gateway {shown:?}"),
+        "missing" => "sign the post: `Herald-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\" with the gateway's secret>`".to_owned(),
+        "malformed" => "the Herald-Signature header is not `t=<unix seconds>,v1=<64 hex digits>`".to_owned(),
+        "stale" => "the signature's timestamp is outside the accepted window; sign each post (and each retry) when it is sent".to_owned(),
+        _ => "the signature does not match the body with any secret of this gateway".to_owned(),
+    };
+    let mut problem = Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "The receipt's signature is not valid",
+        detail,
+    );
+    problem.challenge = Some("Herald-Signature");
+    problem
 }
 
 /// `POST /v1/providers/{gateway}/receipts`: stores the body byte for byte with a `status` job
@@ -233,6 +297,7 @@ pub(crate) async fn list_dead(
 /// `POST /v1/dead/{id}/redrive`: the row goes back to PENDING with a fresh attempt budget.
 pub(crate) async fn redrive_dead(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
     let Ok(id) = id.parse::<i64>() else {
@@ -240,7 +305,12 @@ pub(crate) async fn redrive_dead(
     };
     match herald_store::outbox::redrive_dead(&state.pool, id).await {
         Ok(Some(partition)) => {
-            tracing::warn!(outbox_id = id, partition, "operator re-drove a DEAD row");
+            tracing::warn!(
+                outbox_id = id,
+                partition,
+                operator = caller.label(),
+                "operator re-drove a DEAD row"
+            );
             (
                 StatusCode::ACCEPTED,
                 Json(json!({ "id": id, "partition": partition, "status": "PENDING" })),
@@ -278,6 +348,7 @@ pub(crate) async fn list_parked(
 /// fixed); parked again, with a new reason, if it still cannot be applied.
 pub(crate) async fn replay_parked(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
     let Ok(id) = id.parse::<i64>() else {
@@ -293,6 +364,7 @@ pub(crate) async fn replay_parked(
             tracing::warn!(
                 parking_id = id,
                 outbox_id,
+                operator = caller.label(),
                 "operator replayed a parked item"
             );
             (
