@@ -356,3 +356,87 @@ fn timestamp(rng: &mut impl Rng, bad_rate: f64) -> (Value, bool) {
     };
     (good, false)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+    use herald_core::signature;
+
+    use super::*;
+
+    /// What the fake API saw: each post's signature header and body.
+    type Seen = Arc<Mutex<Vec<(Option<String>, Vec<u8>)>>>;
+
+    /// An API that answers 503 to the first post and 202 to the rest.
+    async fn fake_api(seen: Seen) -> String {
+        let app = axum::Router::new().route(
+            "/v1/providers/{gateway}/receipts",
+            post(move |headers: HeaderMap, body: Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let mut seen = seen.lock().unwrap();
+                    let header = headers
+                        .get(signature::HEADER)
+                        .map(|v| v.to_str().unwrap().to_owned());
+                    seen.push((header, body.to_vec()));
+                    if seen.len() == 1 {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        StatusCode::ACCEPTED
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        base
+    }
+
+    #[tokio::test]
+    async fn every_post_and_every_retry_is_signed_over_the_bytes_it_sends() {
+        let seen = Seen::default();
+        let base = fake_api(seen.clone()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let gateways = ["gw-a".to_owned(), "gw-b".to_owned()];
+        let record = Arc::new(tokio::sync::Mutex::new(
+            Record::open(&dir.path().join("log.jsonl"), &gateways, 100).unwrap(),
+        ));
+        let secret = b"the-secret-of-gateway-a".to_vec();
+        let secrets = ReceiptSecrets(HashMap::from([("gw-a".to_owned(), secret.clone())]));
+        let rates = ReceiptRates {
+            post_batch: 1,
+            ..ReceiptRates::default()
+        };
+        let sender = Sender::new(&base, secrets, rates, record).unwrap();
+        let body = json!({"provider_id": "1", "status": "DELIVRD", "timestamp": 1_760_000_000});
+        let url = |gateway: &str| format!("{base}/v1/providers/{gateway}/receipts");
+        assert!(
+            sender
+                .post_with_retries(&url("gw-a"), "gw-a", &body, 1)
+                .await
+        );
+        assert!(
+            sender
+                .post_with_retries(&url("gw-b"), "gw-b", &body, 1)
+                .await
+        );
+
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3, "a refused post, its retry, and gw-b's post");
+        let now = chrono::Utc::now().timestamp();
+        for (header, bytes) in &seen[..2] {
+            assert_eq!(bytes, &serde_json::to_vec(&body).unwrap());
+            assert_eq!(
+                signature::verify(&[&secret], header.as_deref(), bytes, now, 60),
+                Ok(()),
+                "{header:?}"
+            );
+        }
+        assert_eq!(seen[2].0, None, "a gateway without a secret posts unsigned");
+    }
+}
