@@ -6,13 +6,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use herald_core::{partition_of, signature, PartitionCount};
+use herald_core::{partition_of, PartitionCount};
 use herald_store::receipts::{NewReceipt, Replay};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::auth::Caller;
-use crate::metrics::{RECEIPTS, REJECTED, SIGNATURE_REJECTIONS};
+use crate::auth::{self, Caller};
+use crate::metrics::{RECEIPTS, REJECTED};
 use crate::problem::Problem;
 use crate::ApiState;
 
@@ -24,7 +24,7 @@ pub fn receipt_partition(gateway: &str, raw: &[u8], partitions: PartitionCount) 
 }
 
 /// A gateway name: 1 to 64 letters, digits, '-' or '_'.
-fn check_gateway(gateway: &str) -> Result<(), Problem> {
+pub(crate) fn check_gateway(gateway: &str) -> Result<(), Problem> {
     let valid = !gateway.is_empty()
         && gateway.len() <= 64
         && gateway
@@ -52,33 +52,16 @@ async fn receipt_request(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(axum::body::Bytes, Option<String>), Problem> {
-    let credentials = &state.credentials;
-    let secrets = if credentials.receipts_open() {
+    let secrets = auth::receipt_secrets(state, gateway)?;
+    if secrets.is_none() {
         check_gateway(gateway)?;
-        None
-    } else {
-        // Configured gateway names are valid ones, so an invalid name has no secret either.
-        let Some(secrets) = credentials.receipt_secrets(gateway) else {
-            return Err(signature_refused(gateway, "unknown_gateway"));
-        };
-        Some(secrets)
-    };
+    }
     let limit = state.limits.max_body_bytes;
     let raw = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| Problem::too_large(limit))?;
     if let Some(secrets) = secrets {
-        let signature = headers
-            .get(signature::HEADER)
-            .map(|value| value.to_str().unwrap_or_default());
-        signature::verify(
-            secrets,
-            signature,
-            &raw,
-            unix_now(),
-            credentials.signature_window.as_secs(),
-        )
-        .map_err(|err| signature_refused(gateway, err.reason()))?;
+        auth::verify_receipt(state, gateway, secrets, headers, &raw)?;
     }
     if raw.is_empty() {
         return Err(Problem::invalid_field(
@@ -91,44 +74,6 @@ async fn receipt_request(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     Ok((raw, content_type))
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default()
-}
-
-/// A receipt post whose signature is refused: counted by reason, logged, answered 401.
-fn signature_refused(gateway: &str, reason: &'static str) -> Problem {
-    metrics::counter!(SIGNATURE_REJECTIONS, "reason" => reason).increment(1);
-    // A gateway name that is not one is not repeated into the log.
-    let shown = if check_gateway(gateway).is_ok() {
-        gateway
-    } else {
-        "(invalid name)"
-    };
-    tracing::warn!(
-        gateway = shown,
-        reason,
-        "refused a receipt post: its signature does not hold"
-    );
-    let detail = match reason {
-        "unknown_gateway" => format!("no receipt secret is configured for gateway {shown:?}"),
-        "missing" => "sign the post: `Herald-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\" with the gateway's secret>`".to_owned(),
-        "malformed" => "the Herald-Signature header is not `t=<unix seconds>,v1=<64 hex digits>`".to_owned(),
-        "stale" => "the signature's timestamp is outside the accepted window; sign each post (and each retry) when it is sent".to_owned(),
-        _ => "the signature does not match the body with any secret of this gateway".to_owned(),
-    };
-    let mut problem = Problem::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "The receipt's signature is not valid",
-        detail,
-    );
-    problem.challenge = Some("Herald-Signature");
-    problem
 }
 
 /// `POST /v1/providers/{gateway}/receipts`: stores the body byte for byte with a `status` job
