@@ -118,14 +118,17 @@ pub async fn main(args: AcceptArgs) -> anyhow::Result<i32> {
         .collect();
     api_args.extend(["--database-max-connections".to_owned(), "32".to_owned()]);
     api_args.extend(args.api_flags.iter().cloned());
+    let keys = herald_testkit::DeploymentKeys::generate();
+    let mut env = vec![
+        ("HERALD_DATABASE_URL".to_owned(), database_url.clone()),
+        ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
+    ];
+    env.extend(keys.api_env());
     let api = RoleProcess::spawn(
         &args.herald_bin,
         "api",
         &api_args,
-        &[
-            ("HERALD_DATABASE_URL".to_owned(), database_url.clone()),
-            ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
-        ],
+        &env,
         &logs,
         format!("{api_url}/healthz"),
     )
@@ -148,7 +151,7 @@ pub async fn main(args: AcceptArgs) -> anyhow::Result<i32> {
         let api_cpu = crate::cost::cpu_s(api_pid, false);
         let client_cpu = crate::cost::cpu_s(std::process::id() as i32, false);
         let metrics_before = scrape(&api_url).await;
-        let (sent, errors) = load_api(&api_url, size, &args).await?;
+        let (sent, errors) = load_api(&api_url, &keys.client_key, size, &args).await?;
         let metrics_after = scrape(&api_url).await;
         let delta = |name: &str| sample(&metrics_after, name) - sample(&metrics_before, name);
         let groups = delta("herald_store_commit_groups_total{writer=\"accept\"}");
@@ -261,8 +264,13 @@ fn sample(text: &str, name: &str) -> f64 {
 
 /// Closed-loop clients posting for `args.duration`; answers (messages committed, failed
 /// requests).
-async fn load_api(api_url: &str, size: usize, args: &AcceptArgs) -> anyhow::Result<(u64, u64)> {
-    let client = reqwest::Client::builder()
+async fn load_api(
+    api_url: &str,
+    api_key: &str,
+    size: usize,
+    args: &AcceptArgs,
+) -> anyhow::Result<(u64, u64)> {
+    let client = herald_testkit::keys::bearer_client_builder(api_key)?
         .pool_max_idle_per_host(args.connections)
         .timeout(Duration::from_secs(30))
         .build()?;
@@ -336,7 +344,8 @@ pub fn pgbench_script(size: usize, payload_bytes: usize, partitions: u32) -> Str
             "$6::bytea[]",
             &array("'\\x000102030405060708090a0b0c0d0e0f'::bytea", "bytea"),
         )
-        .replace("$7", "'send'");
+        .replace("$7", "'send'")
+        .replace("$8::text[]", &array("NULL::text", "text"));
     let statement = statement.trim().replace('\n', " ");
     format!("BEGIN;\n{statement};\nCOMMIT;\n")
 }

@@ -15,7 +15,8 @@ use herald_core::{Fence, JobType, PartitionCount};
 use herald_poller::{Ownership, Poller, PollerSettings, StaticOwnership};
 use herald_queue::monitor::MonitoredStore;
 use herald_queue::{QueueStore, StoreSettings};
-use herald_testkit::{LocalPostgres, LocalRedis};
+use herald_testkit::keys::CLIENT;
+use herald_testkit::{DeploymentKeys, LocalPostgres, LocalRedis};
 use herald_worker::provider::ProviderClient;
 use herald_worker::send::{SendHandler, SendSettings};
 use herald_worker::status::{StatusHandler, StatusSettings};
@@ -173,12 +174,22 @@ async fn scenario_run(
         cancel.clone(),
     )
     .await?;
+    // The API authenticates as in production: the load with a client key, the flood's
+    // receipts signed with their gateway's secret.
+    let keys = DeploymentKeys::generate();
+    let credentials = herald_api::auth::Credentials::new(
+        vec![(CLIENT.to_owned(), keys.client_key.clone())],
+        Vec::new(),
+        keys.receipt_secrets.clone(),
+        Duration::from_secs(herald_core::signature::DEFAULT_WINDOW_SECS),
+        false,
+    )?;
     let api_addr = serve(
         herald_api::router(herald_api::ApiState::new(
             pool.clone(),
             partitions,
             herald_api::Limits::default(),
-            Vec::new(),
+            credentials,
             herald_api::DEFAULT_GROUP,
         )),
         cancel.clone(),
@@ -251,7 +262,7 @@ async fn scenario_run(
     ];
 
     let api = format!("http://{api_addr}");
-    let client = reqwest::Client::new();
+    let client = herald_testkit::keys::bearer_client(&keys.client_key)?;
     // Seed messages whose provider ids the flood's receipts name.
     post_messages(&client, &api, "seed", 100).await?;
     wait_ledger(&pool, 100).await?;
@@ -267,8 +278,9 @@ async fn scenario_run(
 
     let flood_stop = CancellationToken::new();
     let flood = tokio::spawn(flood_receipts(
-        client.clone(),
+        reqwest::Client::new(),
         api.clone(),
+        keys,
         targets,
         flood_rate,
         flood_stop.clone(),
@@ -341,10 +353,11 @@ async fn post_messages(
 }
 
 /// Posts ENROUTE receipts for the seeded messages at `rate` per second (open loop) until
-/// stopped.
+/// stopped, each signed with its gateway's secret as a provider would.
 async fn flood_receipts(
     client: reqwest::Client,
     api: String,
+    keys: DeploymentKeys,
     targets: Vec<(String, String)>,
     rate: f64,
     stop: CancellationToken,
@@ -368,9 +381,20 @@ async fn flood_receipts(
             client.clone(),
             format!("{api}/v1/providers/{gateway}/receipts"),
         );
+        let body =
+            json!({"provider_id": provider_id, "status": "ENROUTE", "timestamp": 1_764_687_845})
+                .to_string();
+        let secret = keys.receipt_secret(&gateway).unwrap_or_default().as_bytes();
+        let signature =
+            herald_core::signature::sign(secret, chrono::Utc::now().timestamp(), body.as_bytes());
         tokio::spawn(async move {
-            let body = json!({"provider_id": provider_id, "status": "ENROUTE", "timestamp": 1_764_687_845});
-            let _ = client.post(url).json(&body).send().await;
+            let _ = client
+                .post(url)
+                .header("content-type", "application/json")
+                .header(herald_core::signature::HEADER, signature)
+                .body(body)
+                .send()
+                .await;
             drop(permit);
         });
     }

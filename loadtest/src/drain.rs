@@ -120,6 +120,7 @@ pub async fn main(mut args: DrainArgs) -> anyhow::Result<i32> {
     );
     let fill = load::run(
         &target.api_url,
+        target.api_key.as_deref(),
         &settings,
         &format!("drain-{:x}", settings.seed),
         load::Progress::default(),

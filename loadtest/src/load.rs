@@ -127,17 +127,23 @@ impl Progress {
     }
 }
 
-/// Runs the schedule against `api_url` until it ends or `cancel`; waits for requests in
-/// flight (up to their timeout and retries) before returning.
+/// Runs the schedule against `api_url` (with `api_key` as the bearer key, if any) until it ends
+/// or `cancel`; waits for requests in flight (up to their timeout and retries) before
+/// returning.
 pub async fn run(
     api_url: &str,
+    api_key: Option<&str>,
     settings: &LoadSettings,
     run_id: &str,
     progress: Progress,
     started: Instant,
     cancel: CancellationToken,
 ) -> anyhow::Result<LoadOutcome> {
-    let client = reqwest::Client::builder()
+    let builder = match api_key {
+        Some(key) => herald_testkit::keys::bearer_client_builder(key)?,
+        None => reqwest::Client::builder(),
+    };
+    let client = builder
         .timeout(settings.request_timeout)
         .pool_max_idle_per_host(settings.max_in_flight)
         .build()?;

@@ -160,7 +160,9 @@ pub struct LocalArgs {
 
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TargetArgs {
-    /// The API of a running deployment (without --local).
+    /// The API of a running deployment (without --local). Its client key is read from the
+    /// environment variable HERALD_LOADTEST_API_KEY (never a flag: keys stay off command
+    /// lines); a local deployment makes its own.
     #[arg(long)]
     pub api_url: Option<String>,
     /// Its PostgreSQL, for the proof.
@@ -209,9 +211,14 @@ pub struct RunArgs {
     pub scenario: Option<PathBuf>,
 }
 
+/// The variable holding the client key for a deployment the load tester did not start.
+pub const API_KEY_VARIABLE: &str = "HERALD_LOADTEST_API_KEY";
+
 /// Where the load goes and where the proof looks.
 pub struct Target {
     pub api_url: String,
+    /// The client key the load is sent with (None: the API runs without keys).
+    pub api_key: Option<String>,
     pub database_url: String,
     pub sim_url: String,
     pub sim_log: Option<PathBuf>,
@@ -324,6 +331,7 @@ pub async fn run_on(
     let (bar, bar_task) = load_bar(&settings, progress.clone(), started);
     let outcome = load::run(
         &target.api_url,
+        target.api_key.as_deref(),
         &settings,
         &run_id,
         progress,
@@ -476,9 +484,16 @@ pub async fn target(
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let api_url = need(&args.api_url, "--api-url")?;
+        let api_key = std::env::var(API_KEY_VARIABLE)
+            .ok()
+            .filter(|k| !k.is_empty());
+        if api_key.is_none() {
+            println!("{API_KEY_VARIABLE} is not set: the load is sent without an API key");
+        }
         return Ok(Target {
             label: api_url.clone(),
             api_url,
+            api_key,
             database_url: need(&args.database_url, "--database-url")?,
             sim_url: need(&args.sim_url, "--sim-url")?,
             sim_log: args.sim_log.clone(),
@@ -535,6 +550,7 @@ pub async fn target(
     shape.extend(local.sim_flags.iter().map(|f| format!("sim:{f}")));
     Ok(Target {
         api_url: deployment.api_url.clone(),
+        api_key: Some(deployment.keys.client_key.clone()),
         database_url: deployment.database_url.clone(),
         sim_url: deployment.sim_url.clone(),
         sim_log: Some(deployment.sim_log.clone()),

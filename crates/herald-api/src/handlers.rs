@@ -7,12 +7,13 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use herald_store::accept::{accept_messages, AcceptError, Accepted, KeyReused, NewMessage};
 use herald_store::messages::message_with_history;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::auth::Caller;
 use crate::metrics::{ACCEPTED, REJECTED, REPLAYED, REQUEST_DURATION};
 use crate::problem::Problem;
 use crate::validate;
@@ -21,11 +22,12 @@ use crate::ApiState;
 
 pub(crate) async fn accept_one(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let response = match accept_one_inner(&state, &headers, body).await {
+    let response = match accept_one_inner(&state, &caller, &headers, body).await {
         Ok(response) => response,
         Err(problem) => reject(problem),
     };
@@ -36,6 +38,7 @@ pub(crate) async fn accept_one(
 
 async fn accept_one_inner(
     state: &ApiState,
+    caller: &Caller,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
@@ -50,7 +53,8 @@ async fn accept_one_inner(
         .with_field("Idempotency-Key"));
     }
     let value = read_json(state, headers, body).await?;
-    let message = validate::message(&value, "", key, false, state.partitions)?;
+    let mut message = validate::message(&value, "", key, false, state.partitions)?;
+    message.created_by = caller.name.as_deref().map(str::to_owned);
     let first = commit_one(state, message).await?;
     let status = if first.created {
         StatusCode::ACCEPTED
@@ -68,11 +72,12 @@ async fn accept_one_inner(
 
 pub(crate) async fn accept_batch(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let response = match accept_batch_inner(&state, &headers, body).await {
+    let response = match accept_batch_inner(&state, &caller, &headers, body).await {
         Ok(response) => response,
         Err(problem) => reject(problem),
     };
@@ -83,6 +88,7 @@ pub(crate) async fn accept_batch(
 
 async fn accept_batch_inner(
     state: &ApiState,
+    caller: &Caller,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
@@ -130,7 +136,8 @@ async fn accept_batch_inner(
     let mut keys = HashSet::new();
     for (index, item) in items.iter().enumerate() {
         let path = format!("messages[{index}].");
-        let message = validate::message(item, &path, None, true, state.partitions)?;
+        let mut message = validate::message(item, &path, None, true, state.partitions)?;
+        message.created_by = caller.name.as_deref().map(str::to_owned);
         if message.idempotency_key.is_none() && state.limits.require_idempotency_key {
             return Err(Problem::invalid_field(
                 format!("{path}idempotency_key"),
@@ -159,7 +166,13 @@ async fn accept_batch_inner(
     Ok((status, Json(response)).into_response())
 }
 
-pub(crate) async fn get_message(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+/// A message and its history. A client key reads only the messages it accepted; another's
+/// message is answered like one that does not exist.
+pub(crate) async fn get_message(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Response {
     let Ok(id) = Uuid::parse_str(&id) else {
         return reject(
             Problem::new(
@@ -172,8 +185,8 @@ pub(crate) async fn get_message(State(state): State<ApiState>, Path(id): Path<St
         );
     };
     match message_with_history(&state.pool, id).await {
-        Ok(Some(view)) => Json(view).into_response(),
-        Ok(None) => reject(Problem::new(
+        Ok(Some(view)) if caller.may_read(view.created_by.as_deref()) => Json(view).into_response(),
+        Ok(_) => reject(Problem::new(
             StatusCode::NOT_FOUND,
             "not-found",
             "No such message",
@@ -260,7 +273,7 @@ fn key_conflict(key: &str, field: String) -> Problem {
         StatusCode::CONFLICT,
         "idempotency-key-conflict",
         "The Idempotency-Key was used for a different request",
-        format!("key {key:?} was already used with a different recipient, body or partition key; nothing was written"),
+        format!("key {key:?} was already used with a different recipient, body or partition key, or by another API key; nothing was written"),
     )
     .with_field(field)
 }

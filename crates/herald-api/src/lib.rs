@@ -2,9 +2,10 @@
 //! commits the message, its outbox row and its first event in one PostgreSQL transaction
 //! before answering 202; nothing else is on that path (rule R1). `GET /v1/messages/{id}`
 //! answers the derived state and the whole history. Every error is `application/problem+json`
-//! naming the offending field; nothing is half-written.
+//! naming the offending field; nothing is half-written. Who may call which route is decided in
+//! [`auth`]: client and operator keys, and signed receipts from providers.
 
-mod auth;
+pub mod auth;
 mod handlers;
 pub mod metrics;
 pub mod operations;
@@ -51,8 +52,8 @@ pub struct ApiState {
     pub pool: PgPool,
     pub partitions: PartitionCount,
     pub limits: Limits,
-    /// When non-empty, every `/v1` route requires `Authorization: Bearer <one of these>`.
-    pub api_keys: Arc<Vec<String>>,
+    /// Bearer keys with their scopes, and each gateway's receipt secrets.
+    pub credentials: Arc<auth::Credentials>,
     /// Wakes the pollers of the partitions an accept wrote, after its commit.
     pub wakeups: Wakeups,
     /// Single-message accepts, group-committed: concurrent requests share a transaction.
@@ -84,7 +85,7 @@ impl ApiState {
         pool: PgPool,
         partitions: PartitionCount,
         limits: Limits,
-        api_keys: Vec<String>,
+        credentials: auth::Credentials,
         group: GroupSettings,
     ) -> Self {
         let messages_pool = pool.clone();
@@ -111,7 +112,7 @@ impl ApiState {
             pool,
             partitions,
             limits,
-            api_keys: Arc::new(api_keys.into_iter().filter(|k| !k.is_empty()).collect()),
+            credentials: Arc::new(credentials),
         }
     }
 }
@@ -130,13 +131,30 @@ async fn accept_receipt_requests(
         .collect())
 }
 
-/// The `/v1` routes. The binary merges the health and metrics routes next to them.
+/// The `/v1` routes, each behind its credential: client routes need a client or operator key,
+/// operator routes an operator key, and receipt routes a signature by the gateway's secret
+/// (checked over the body by their handlers). The binary merges the health and metrics routes
+/// next to them.
 pub fn router(state: ApiState) -> Router {
-    let v1 = Router::new()
+    let client = Router::new()
         .route("/v1/messages", post(handlers::accept_one))
         .route("/v1/messages/batch", post(handlers::accept_batch))
         .route("/v1/messages/{id}", get(handlers::get_message))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_client,
+        ));
+    let operator = Router::new()
         .route("/v1/partitions", get(handlers::list_partitions))
+        .route("/v1/dead", get(operations::list_dead))
+        .route("/v1/dead/{id}/redrive", post(operations::redrive_dead))
+        .route("/v1/parking", get(operations::list_parked))
+        .route("/v1/parking/{id}/replay", post(operations::replay_parked))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_operator,
+        ));
+    let provider = Router::new()
         .route(
             "/v1/providers/{gateway}/receipts",
             post(operations::accept_receipt),
@@ -144,15 +162,10 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/providers/{gateway}/receipts/batch",
             post(operations::accept_receipt_batch),
-        )
-        .route("/v1/dead", get(operations::list_dead))
-        .route("/v1/dead/{id}/redrive", post(operations::redrive_dead))
-        .route("/v1/parking", get(operations::list_parked))
-        .route("/v1/parking/{id}/replay", post(operations::replay_parked))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_api_key,
-        ))
-        .with_state(state);
-    Router::new().merge(v1)
+        );
+    Router::new()
+        .merge(client)
+        .merge(operator)
+        .merge(provider)
+        .with_state(state)
 }

@@ -8,6 +8,8 @@ pub const REPLAYED: &str = "herald_messages_replayed_total";
 pub const REJECTED: &str = "herald_api_rejected_total";
 /// Provider receipts stored.
 pub const RECEIPTS: &str = "herald_receipts_received_total";
+/// Receipt posts refused for their signature, by reason; nothing of them was stored.
+pub const SIGNATURE_REJECTIONS: &str = "herald_receipt_signature_rejections_total";
 /// Accept requests (single and batch), end to end inside the handler.
 pub const REQUEST_DURATION: &str = "herald_api_request_duration_seconds";
 /// Outbox rows still owed work (PENDING, PROCESSING, PUBLISHED), by partition.
@@ -21,7 +23,7 @@ pub const PARTITIONS: &str = "herald_outbox_partitions";
 
 /// The `reason` values of [`REJECTED`] (problem type slugs) registered at zero on start, so
 /// a rate of refusals reads 0 rather than nothing. Rarer slugs appear when first counted.
-pub const REJECTED_REASONS: [&str; 8] = [
+pub const REJECTED_REASONS: [&str; 9] = [
     "malformed-json",
     "invalid-field",
     "body-too-large",
@@ -30,6 +32,17 @@ pub const REJECTED_REASONS: [&str; 8] = [
     "not-found",
     "unavailable",
     "unauthorized",
+    "forbidden",
+];
+
+/// The `reason` values of [`SIGNATURE_REJECTIONS`]: no secret for the gateway, no header, a
+/// header not in the format, no signature matching a secret, a timestamp outside the window.
+pub const SIGNATURE_REASONS: [&str; 5] = [
+    "unknown_gateway",
+    "missing",
+    "malformed",
+    "mismatch",
+    "stale",
 ];
 
 pub fn describe() {
@@ -56,6 +69,10 @@ pub fn describe() {
     );
     metrics::describe_counter!(REJECTED, "API requests refused, by reason.");
     metrics::describe_counter!(RECEIPTS, "Provider receipts stored with their status job.");
+    metrics::describe_counter!(
+        SIGNATURE_REJECTIONS,
+        "Receipt posts refused (401, nothing stored) because their signature does not hold, by reason."
+    );
     metrics::describe_histogram!(
         REQUEST_DURATION,
         metrics::Unit::Seconds,
@@ -69,5 +86,8 @@ pub fn describe() {
     }
     for reason in REJECTED_REASONS {
         metrics::counter!(REJECTED, "reason" => reason).increment(0);
+    }
+    for reason in SIGNATURE_REASONS {
+        metrics::counter!(SIGNATURE_REJECTIONS, "reason" => reason).increment(0);
     }
 }

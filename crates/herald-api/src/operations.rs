@@ -5,12 +5,13 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use herald_core::{partition_of, PartitionCount};
 use herald_store::receipts::{NewReceipt, Replay};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::auth::{self, Caller};
 use crate::metrics::{RECEIPTS, REJECTED};
 use crate::problem::Problem;
 use crate::ApiState;
@@ -23,7 +24,7 @@ pub fn receipt_partition(gateway: &str, raw: &[u8], partitions: PartitionCount) 
 }
 
 /// A gateway name: 1 to 64 letters, digits, '-' or '_'.
-fn check_gateway(gateway: &str) -> Result<(), Problem> {
+pub(crate) fn check_gateway(gateway: &str) -> Result<(), Problem> {
     let valid = !gateway.is_empty()
         && gateway.len() <= 64
         && gateway
@@ -41,19 +42,27 @@ fn check_gateway(gateway: &str) -> Result<(), Problem> {
     .with_field("gateway"))
 }
 
-/// What both receipt endpoints check first: the gateway name, and a body within the limit
-/// that is not empty. Answers the body and its content type.
+/// What both receipt endpoints check first: that the gateway has a secret, a body within the
+/// limit, signed by one of the gateway's secrets (unless this is a development run without
+/// receipt secrets), and not empty. Answers the body and its content type. A refused post has
+/// written nothing.
 async fn receipt_request(
     state: &ApiState,
     gateway: &str,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(axum::body::Bytes, Option<String>), Problem> {
-    check_gateway(gateway)?;
+    let secrets = auth::receipt_secrets(state, gateway)?;
+    if secrets.is_none() {
+        check_gateway(gateway)?;
+    }
     let limit = state.limits.max_body_bytes;
     let raw = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| Problem::too_large(limit))?;
+    if let Some(secrets) = secrets {
+        auth::verify_receipt(state, gateway, secrets, headers, &raw)?;
+    }
     if raw.is_empty() {
         return Err(Problem::invalid_field(
             "body",
@@ -233,6 +242,7 @@ pub(crate) async fn list_dead(
 /// `POST /v1/dead/{id}/redrive`: the row goes back to PENDING with a fresh attempt budget.
 pub(crate) async fn redrive_dead(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
     let Ok(id) = id.parse::<i64>() else {
@@ -240,7 +250,12 @@ pub(crate) async fn redrive_dead(
     };
     match herald_store::outbox::redrive_dead(&state.pool, id).await {
         Ok(Some(partition)) => {
-            tracing::warn!(outbox_id = id, partition, "operator re-drove a DEAD row");
+            tracing::warn!(
+                outbox_id = id,
+                partition,
+                operator = caller.label(),
+                "operator re-drove a DEAD row"
+            );
             (
                 StatusCode::ACCEPTED,
                 Json(json!({ "id": id, "partition": partition, "status": "PENDING" })),
@@ -278,6 +293,7 @@ pub(crate) async fn list_parked(
 /// fixed); parked again, with a new reason, if it still cannot be applied.
 pub(crate) async fn replay_parked(
     State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
     let Ok(id) = id.parse::<i64>() else {
@@ -293,6 +309,7 @@ pub(crate) async fn replay_parked(
             tracing::warn!(
                 parking_id = id,
                 outbox_id,
+                operator = caller.label(),
                 "operator replayed a parked item"
             );
             (

@@ -14,6 +14,9 @@ pub struct Problem {
     pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// The `WWW-Authenticate` challenge of a 401 (default `Bearer`).
+    #[serde(skip)]
+    pub challenge: Option<&'static str>,
 }
 
 impl Problem {
@@ -29,6 +32,7 @@ impl Problem {
             status: status.as_u16(),
             detail: detail.into(),
             field: None,
+            challenge: None,
         }
     }
 
@@ -109,9 +113,10 @@ impl IntoResponse for Problem {
             HeaderValue::from_static("application/problem+json"),
         );
         if status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(self.challenge.unwrap_or("Bearer")),
+            );
         }
         response
     }

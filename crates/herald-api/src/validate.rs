@@ -77,6 +77,7 @@ pub fn message(
         recipient,
         body,
         idempotency_key,
+        created_by: None,
     })
 }
 

@@ -1,7 +1,7 @@
 //! Herald's domain, with no I/O and no async runtime: how a message is routed to a partition,
-//! the states of a message and of an outbox row, the job types, and the one function that
-//! derives the idempotency key of each effect. Every other crate takes these from here so that
-//! the rules they encode exist once.
+//! the states of a message and of an outbox row, the job types, the one function that derives
+//! the idempotency key of each effect, and the signature a provider puts on its receipts. Every
+//! other crate takes these from here so that the rules they encode exist once.
 
 pub mod assignment;
 pub mod fence;
@@ -9,6 +9,7 @@ pub mod idempotency;
 pub mod job;
 pub mod partition;
 pub mod receipt;
+pub mod signature;
 pub mod state;
 pub mod verdict;
 

@@ -25,7 +25,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 pub use receipts::PlannedReceipt;
-pub use receipts::{Faults, ReceiptRates};
+pub use receipts::{Faults, ReceiptRates, ReceiptSecrets};
 pub use record::{Effect, Record, SubmitAnswer};
 
 /// The simulator's behaviour.
@@ -55,8 +55,9 @@ pub struct SimSettings {
     /// Where delivery receipts go: Herald's API base URL (receipts are posted to
     /// `{callback}/v1/providers/{gateway}/receipts`). None: no receipts.
     pub callback_url: Option<String>,
-    /// Bearer token for the callback, when Herald's API requires keys.
-    pub callback_token: Option<String>,
+    /// Each gateway's receipt signing secret (the API holds the same); a gateway without one
+    /// posts its receipts unsigned.
+    pub receipt_secrets: ReceiptSecrets,
     /// The kinds of receipts sent, by rate.
     pub receipts: ReceiptRates,
 }
@@ -75,7 +76,7 @@ impl Default for SimSettings {
             refuse_status: None,
             log_path: PathBuf::from("provider-sim-submits.jsonl"),
             callback_url: None,
-            callback_token: None,
+            receipt_secrets: ReceiptSecrets::default(),
             receipts: ReceiptRates::default(),
         }
     }
@@ -168,6 +169,13 @@ pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
         );
     }
     settings.receipts.validate()?;
+    for gateway in settings.receipt_secrets.0.keys() {
+        anyhow::ensure!(
+            settings.gateways.contains(gateway),
+            "a receipt secret names gateway {gateway:?}, which is not one of the simulator's ({})",
+            settings.gateways.join(", ")
+        );
+    }
     let record = Arc::new(tokio::sync::Mutex::new(Record::open(
         &settings.log_path,
         &settings.gateways,
@@ -176,7 +184,7 @@ pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
     let receipts = settings.callback_url.as_ref().map(|url| {
         receipts::Sender::new(
             url,
-            settings.callback_token.clone(),
+            settings.receipt_secrets.clone(),
             settings.receipts.clone(),
             record.clone(),
         )

@@ -1,7 +1,10 @@
 //! Delivery receipts the simulator posts back to Herald, like a real gateway: intermediate and
 //! final ones, gateways that go silent after the intermediate one, statuses outside the known
 //! vocabulary and timestamps in several formats, some malformed — each by a configurable rate.
+//! Every post is signed with its gateway's secret (`Herald-Signature`, see
+//! `herald_core::signature`) when it was given one, freshly for every retry.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +24,18 @@ pub struct Faults {
     /// rejection the caller caused.
     #[serde(default)]
     pub reject_rate: f64,
+}
+
+/// Each gateway's receipt signing secret. Its `Debug` names the gateways, never a secret.
+#[derive(Clone, Default)]
+pub struct ReceiptSecrets(pub HashMap<String, Vec<u8>>);
+
+impl std::fmt::Debug for ReceiptSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut gateways: Vec<&String> = self.0.keys().collect();
+        gateways.sort();
+        f.debug_tuple("ReceiptSecrets").field(&gateways).finish()
+    }
 }
 
 /// What receipts a submit gets.
@@ -92,7 +107,8 @@ impl ReceiptRates {
 pub struct Sender {
     client: reqwest::Client,
     base: String,
-    token: Option<String>,
+    /// Each gateway's signing secret; a gateway without one posts unsigned.
+    secrets: Arc<ReceiptSecrets>,
     rates: Arc<ReceiptRates>,
     record: Arc<tokio::sync::Mutex<Record>>,
     posts: Arc<tokio::sync::Semaphore>,
@@ -115,7 +131,7 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 impl Sender {
     pub fn new(
         base: &str,
-        token: Option<String>,
+        secrets: ReceiptSecrets,
         rates: ReceiptRates,
         record: Arc<tokio::sync::Mutex<Record>>,
     ) -> anyhow::Result<Self> {
@@ -130,7 +146,7 @@ impl Sender {
                 .timeout(Duration::from_secs(5))
                 .build()?,
             base: base.trim_end_matches('/').to_owned(),
-            token,
+            secrets: Arc::new(secrets),
             rates: Arc::new(rates),
             record,
             posts: Arc::new(tokio::sync::Semaphore::new(slots)),
@@ -200,7 +216,7 @@ impl Sender {
             self.post_batched(gateway, body).await
         } else {
             let url = format!("{}/v1/providers/{gateway}/receipts", self.base);
-            self.post_with_retries(&url, &body, 1).await
+            self.post_with_retries(&url, gateway, &body, 1).await
         };
         self.record.lock().await.count_receipt(landed);
     }
@@ -248,7 +264,7 @@ impl Sender {
                     let url = format!("{}/v1/providers/{gateway}/receipts/batch", sender.base);
                     let (bodies, answers): (Vec<Value>, Vec<_>) = receipts.into_iter().unzip();
                     let landed = sender
-                        .post_with_retries(&url, &Value::Array(bodies), 0)
+                        .post_with_retries(&url, &gateway, &Value::Array(bodies), 0)
                         .await;
                     for answer in answers {
                         let _ = answer.send(landed);
@@ -260,9 +276,18 @@ impl Sender {
     }
 
     /// Posts `body` to `url` until Herald takes it (true), refuses it (4xx, false) or
-    /// [`GIVE_UP_AFTER`] passed (false). `slots` post slots are taken per try (0: the caller
-    /// holds one).
-    async fn post_with_retries(&self, url: &str, body: &Value, slots: u32) -> bool {
+    /// [`GIVE_UP_AFTER`] passed (false), signed with `gateway`'s secret at each try. `slots`
+    /// post slots are taken per try (0: the caller holds one).
+    async fn post_with_retries(&self, url: &str, gateway: &str, body: &Value, slots: u32) -> bool {
+        // The signature covers these exact bytes: serialised once, sent as they are.
+        let bytes = match serde_json::to_vec(body) {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot serialise a receipt");
+                return false;
+            }
+        };
+        let secret = self.secrets.0.get(gateway);
         let mut delay = Duration::from_millis(100);
         let give_up = tokio::time::Instant::now() + GIVE_UP_AFTER;
         while tokio::time::Instant::now() < give_up {
@@ -275,9 +300,17 @@ impl Sender {
                 } else {
                     None
                 };
-                let mut request = self.client.post(url).json(body);
-                if let Some(token) = &self.token {
-                    request = request.bearer_auth(token);
+                let mut request = self
+                    .client
+                    .post(url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(bytes.clone());
+                if let Some(secret) = secret {
+                    let now = chrono::Utc::now().timestamp();
+                    request = request.header(
+                        herald_core::signature::HEADER,
+                        herald_core::signature::sign(secret, now, &bytes),
+                    );
                 }
                 request.send().await
             };
@@ -322,4 +355,88 @@ fn timestamp(rng: &mut impl Rng, bad_rate: f64) -> (Value, bool) {
         _ => json!(now.format("%y%m%d%H%M").to_string()),
     };
     (good, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+    use herald_core::signature;
+
+    use super::*;
+
+    /// What the fake API saw: each post's signature header and body.
+    type Seen = Arc<Mutex<Vec<(Option<String>, Vec<u8>)>>>;
+
+    /// An API that answers 503 to the first post and 202 to the rest.
+    async fn fake_api(seen: Seen) -> String {
+        let app = axum::Router::new().route(
+            "/v1/providers/{gateway}/receipts",
+            post(move |headers: HeaderMap, body: Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let mut seen = seen.lock().unwrap();
+                    let header = headers
+                        .get(signature::HEADER)
+                        .map(|v| v.to_str().unwrap().to_owned());
+                    seen.push((header, body.to_vec()));
+                    if seen.len() == 1 {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        StatusCode::ACCEPTED
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        base
+    }
+
+    #[tokio::test]
+    async fn every_post_and_every_retry_is_signed_over_the_bytes_it_sends() {
+        let seen = Seen::default();
+        let base = fake_api(seen.clone()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let gateways = ["gw-a".to_owned(), "gw-b".to_owned()];
+        let record = Arc::new(tokio::sync::Mutex::new(
+            Record::open(&dir.path().join("log.jsonl"), &gateways, 100).unwrap(),
+        ));
+        let secret = b"the-secret-of-gateway-a".to_vec();
+        let secrets = ReceiptSecrets(HashMap::from([("gw-a".to_owned(), secret.clone())]));
+        let rates = ReceiptRates {
+            post_batch: 1,
+            ..ReceiptRates::default()
+        };
+        let sender = Sender::new(&base, secrets, rates, record).unwrap();
+        let body = json!({"provider_id": "1", "status": "DELIVRD", "timestamp": 1_760_000_000});
+        let url = |gateway: &str| format!("{base}/v1/providers/{gateway}/receipts");
+        assert!(
+            sender
+                .post_with_retries(&url("gw-a"), "gw-a", &body, 1)
+                .await
+        );
+        assert!(
+            sender
+                .post_with_retries(&url("gw-b"), "gw-b", &body, 1)
+                .await
+        );
+
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3, "a refused post, its retry, and gw-b's post");
+        let now = chrono::Utc::now().timestamp();
+        for (header, bytes) in &seen[..2] {
+            assert_eq!(bytes, &serde_json::to_vec(&body).unwrap());
+            assert_eq!(
+                signature::verify(&[&secret], header.as_deref(), bytes, now, 60),
+                Ok(()),
+                "{header:?}"
+            );
+        }
+        assert_eq!(seen[2].0, None, "a gateway without a secret posts unsigned");
+    }
 }

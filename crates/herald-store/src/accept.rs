@@ -39,6 +39,9 @@ pub struct NewMessage {
     pub idempotency_key: Option<String>,
     /// Identifies the request's content, to tell a retry from a conflicting reuse of a key.
     pub fingerprint: [u8; 16],
+    /// The name of the API key that sent it (None: the API runs without keys). A key's retry
+    /// is answered from the stored message only if that key stored it.
+    pub created_by: Option<String>,
 }
 
 /// What the accept path did with one message.
@@ -81,11 +84,14 @@ pub fn fingerprint(recipient: &str, partition_key: Option<&str>, body: &Value) -
 /// element per message). Public so benchmarks run exactly this SQL.
 pub const INSERT_MESSAGES: &str = r#"
 WITH input AS (
-    SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[])
-        AS t(id, partition, recipient, body, idempotency_key, request_fingerprint)
+    SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[],
+                         $8::text[])
+        AS t(id, partition, recipient, body, idempotency_key, request_fingerprint, created_by)
 ), inserted AS (
-    INSERT INTO messages (id, partition, recipient, body, idempotency_key, request_fingerprint)
-    SELECT id, partition, recipient, body, idempotency_key, request_fingerprint FROM input
+    INSERT INTO messages (id, partition, recipient, body, idempotency_key, request_fingerprint,
+                          created_by)
+    SELECT id, partition, recipient, body, idempotency_key, request_fingerprint, created_by
+    FROM input
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, partition
 ), queued_outbox AS (
@@ -213,8 +219,24 @@ async fn insert_messages(
                 .collect::<Vec<_>>(),
         )
         .bind(JobType::Send.as_str())
+        .bind(
+            messages
+                .iter()
+                .map(|m| m.created_by.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await
+}
+
+/// A message whose idempotency key a request reused, as stored.
+#[derive(sqlx::FromRow)]
+struct StoredMessage {
+    idempotency_key: String,
+    id: Uuid,
+    request_fingerprint: Vec<u8>,
+    state: String,
+    created_by: Option<String>,
 }
 
 async fn resolve_messages(
@@ -229,11 +251,11 @@ async fn resolve_messages(
         .filter(|m| !created.contains(&m.id))
         .filter_map(|m| m.idempotency_key.as_deref())
         .collect();
-    let existing: Vec<(String, Uuid, Vec<u8>, String)> = if reused.is_empty() {
+    let existing: Vec<StoredMessage> = if reused.is_empty() {
         Vec::new()
     } else {
         sqlx::query_as(
-            "SELECT m.idempotency_key, m.id, m.request_fingerprint, s.state
+            "SELECT m.idempotency_key, m.id, m.request_fingerprint, s.state, m.created_by
              FROM messages m JOIN message_current_state s ON s.message_id = m.id
              WHERE m.idempotency_key = ANY($1)",
         )
@@ -241,9 +263,9 @@ async fn resolve_messages(
         .fetch_all(&mut *conn)
         .await?
     };
-    let existing: std::collections::HashMap<&str, (Uuid, &[u8], &str)> = existing
+    let existing: std::collections::HashMap<&str, &StoredMessage> = existing
         .iter()
-        .map(|(key, id, fp, state)| (key.as_str(), (*id, fp.as_slice(), state.as_str())))
+        .map(|stored| (stored.idempotency_key.as_str(), stored))
         .collect();
     let mut answers = Vec::with_capacity(messages.len());
     for message in messages {
@@ -258,21 +280,25 @@ async fn resolve_messages(
         let key = message.idempotency_key.clone().ok_or_else(|| {
             sqlx::Error::Protocol(format!("message {} was not inserted", message.id))
         })?;
-        let Some((id, fingerprint, state)) = existing.get(key.as_str()) else {
+        let Some(stored) = existing.get(key.as_str()) else {
             return Err(sqlx::Error::Protocol(format!(
                 "message {} was not inserted and key {key:?} is not stored",
                 message.id
             )));
         };
-        if *fingerprint != message.fingerprint.as_slice() {
+        // Another API key's message is never answered to this one, even with equal content.
+        if stored.request_fingerprint != message.fingerprint
+            || stored.created_by != message.created_by
+        {
             answers.push(Err(KeyReused { key }));
             continue;
         }
-        let state = state
+        let state = stored
+            .state
             .parse()
             .map_err(|err: herald_core::state::UnknownState| sqlx::Error::Decode(Box::new(err)))?;
         answers.push(Ok(Accepted {
-            id: *id,
+            id: stored.id,
             created: false,
             state,
         }));

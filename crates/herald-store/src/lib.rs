@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod outbox;
 pub mod receipts;
+pub mod runtime_role;
 pub mod verify;
 pub mod wakeups;
 

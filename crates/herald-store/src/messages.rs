@@ -25,6 +25,8 @@ pub struct MessageView {
     pub recipient: String,
     pub body: Value,
     pub idempotency_key: Option<String>,
+    /// The name of the API key that accepted it (None: accepted by an API without keys).
+    pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub state: String,
     pub events: Vec<Event>,
@@ -37,6 +39,7 @@ struct MessageRow {
     recipient: String,
     body: Json<Value>,
     idempotency_key: Option<String>,
+    created_by: Option<String>,
     created_at: DateTime<Utc>,
     state: String,
 }
@@ -47,8 +50,8 @@ pub async fn message_with_history(
     id: Uuid,
 ) -> Result<Option<MessageView>, StoreError> {
     let message: Option<MessageRow> = sqlx::query_as(
-        "SELECT m.id, m.partition, m.recipient, m.body, m.idempotency_key, m.created_at,
-                    s.state
+        "SELECT m.id, m.partition, m.recipient, m.body, m.idempotency_key, m.created_by,
+                    m.created_at, s.state
              FROM messages m JOIN message_current_state s ON s.message_id = m.id
              WHERE m.id = $1",
     )
@@ -61,6 +64,7 @@ pub async fn message_with_history(
         recipient,
         body: Json(body),
         idempotency_key,
+        created_by,
         created_at,
         state,
     }) = message
@@ -79,6 +83,7 @@ pub async fn message_with_history(
         recipient,
         body,
         idempotency_key,
+        created_by,
         created_at,
         state,
         events: events

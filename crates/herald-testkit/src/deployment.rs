@@ -1,14 +1,17 @@
 //! A whole local deployment: PostgreSQL, one Redis per job type, etcd, and every role as its
 //! own process of the built `herald` binary, with known addresses and pids. Any role can be
 //! killed, terminated, paused and started again; Redis restarted; etcd stopped and started.
-//! The load tester's chaos steps and tests drive it; dropping it kills everything.
+//! The load tester's chaos steps and tests drive it; dropping it kills everything. It runs as
+//! production does: the roles connect as the runtime database role, the API holds a client
+//! and an operator key, and the simulator signs its receipts with the API's secrets.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use crate::{
-    free_port, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions, RoleProcess,
+    free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
+    RoleProcess,
 };
 
 /// The shape of a local deployment. Extra flags are added to each role's command line and
@@ -100,7 +103,12 @@ pub struct LocalDeployment {
     pub send_redis: LocalRedis,
     pub status_redis: LocalRedis,
     pub etcd: LocalEtcd,
+    /// The database as its owner (what the proof and the cost probe read with).
     pub database_url: String,
+    /// The database as the runtime role, which every role connects as.
+    pub runtime_database_url: String,
+    /// The API's keys and the gateways' receipt secrets.
+    pub keys: DeploymentKeys,
     pub api_url: String,
     pub sim_url: String,
     /// The simulator's append-only submit record (JSON lines with timestamps).
@@ -147,10 +155,12 @@ impl LocalDeployment {
             LocalEtcd::start_in(&etcd_dir),
         )?;
         let database_url = pg.create_database("herald").await?;
+        let keys = DeploymentKeys::generate();
         let migrate = tokio::process::Command::new(&options.herald_bin)
             .args(["migrate", "--database-url", &database_url])
             .args(["--partitions", &options.partitions.to_string()])
             .args(["--log-format", "pretty"])
+            .envs(keys.migrate_env())
             .output()
             .await
             .with_context(|| format!("running {} migrate", options.herald_bin.display()))?;
@@ -168,6 +178,8 @@ impl LocalDeployment {
             send_redis,
             status_redis,
             etcd,
+            runtime_database_url: keys.runtime_url(&database_url)?,
+            keys,
             database_url,
             sim_log: dir.join("provider-sim-submits.jsonl"),
             api_url,
@@ -254,10 +266,15 @@ impl LocalDeployment {
         args: Vec<String>,
         admin_url: String,
     ) -> anyhow::Result<()> {
-        let env = vec![
-            ("HERALD_DATABASE_URL".to_owned(), self.database_url.clone()),
+        let mut env = vec![
+            (
+                "HERALD_DATABASE_URL".to_owned(),
+                self.runtime_database_url.clone(),
+            ),
             ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
         ];
+        let subcommand = args.first().map(String::as_str).unwrap_or_default();
+        env.extend(self.keys.env_for(subcommand));
         let process = RoleProcess::spawn(
             &options.herald_bin,
             name,

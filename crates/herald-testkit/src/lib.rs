@@ -6,6 +6,7 @@
 
 pub mod deployment;
 pub mod etcd;
+pub mod keys;
 pub mod packages;
 pub mod postgres;
 pub mod process;
@@ -15,6 +16,7 @@ pub mod role;
 
 pub use deployment::{DeploymentOptions, LocalDeployment};
 pub use etcd::LocalEtcd;
+pub use keys::DeploymentKeys;
 pub use postgres::{LocalPostgres, PostgresOptions};
 pub use process::children_of;
 pub use prometheus::{LocalPrometheus, ScrapeJob};

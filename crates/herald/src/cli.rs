@@ -95,6 +95,21 @@ pub struct MigrateArgs {
     /// Outbox partitions, fixed at the first install; a later run must ask for the same count.
     #[arg(long, env = "HERALD_PARTITIONS", default_value_t = 64)]
     pub partitions: u32,
+    /// Create (or update) this PostgreSQL role for the API, pollers and workers to connect as:
+    /// it may read and write what they write, DELETE only from the working tables the pipeline
+    /// deletes from, and never TRUNCATE or DELETE history. Run with it on every upgrade, so new
+    /// tables are granted too. The role running the migration needs CREATEROLE.
+    #[arg(long, env = "HERALD_RUNTIME_ROLE")]
+    pub runtime_role: Option<String>,
+    /// The runtime role's password (at least 16 printable ASCII characters), needed to create
+    /// it; given for an existing role, it replaces the password. Read from the environment
+    /// only, never from a command line. It reaches PostgreSQL as a SCRAM verifier.
+    #[arg(long, env = "HERALD_RUNTIME_ROLE_PASSWORD", hide_env_values = true)]
+    #[serde(serialize_with = "mask_secret")]
+    pub runtime_role_password: Option<String>,
+    /// A file holding the runtime role's password, instead of HERALD_RUNTIME_ROLE_PASSWORD.
+    #[arg(long, env = "HERALD_RUNTIME_ROLE_PASSWORD_FILE")]
+    pub runtime_role_password_file: Option<PathBuf>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -145,15 +160,8 @@ pub struct ApiArgs {
     /// run, the next group gathers. 1 makes the largest groups, more the lowest latency.
     #[arg(long, env = "HERALD_API_GROUP_PARALLEL", default_value_t = herald_api::DEFAULT_GROUP.parallel)]
     pub group_parallel: usize,
-    /// API keys (comma-separated). When set, every /v1 route needs `Authorization: Bearer <key>`.
-    #[arg(
-        long,
-        env = "HERALD_API_KEYS",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    #[serde(serialize_with = "mask_all")]
-    pub api_keys: Vec<String>,
+    #[command(flatten)]
+    pub auth: ApiAuthArgs,
     /// How often the API reads the outbox backlog for its gauges (backlog rows and oldest
     /// PENDING age per partition, DEAD rows). Every API replica reads it; one query each time.
     #[arg(long, env = "HERALD_BACKLOG_GAUGE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -161,6 +169,124 @@ pub struct ApiArgs {
     pub backlog_gauge_interval: Duration,
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// Who may call the API. Keys and secrets are read from the environment (or from files named
+/// there), never from a command line: `herald` refuses them as flags.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct ApiAuthArgs {
+    /// Client keys, as NAME=KEY pairs (comma-separated): a client key may POST messages and GET
+    /// the messages it accepted (`Authorization: Bearer <KEY>`). Environment only.
+    #[arg(
+        long,
+        env = "HERALD_API_CLIENT_KEYS",
+        hide_env_values = true,
+        value_name = "NAME=KEY,..."
+    )]
+    #[serde(serialize_with = "mask_secret")]
+    pub client_keys: Option<String>,
+    /// A file of client keys (NAME=KEY, one per line or comma-separated), instead of
+    /// HERALD_API_CLIENT_KEYS.
+    #[arg(long, env = "HERALD_API_CLIENT_KEYS_FILE")]
+    pub client_keys_file: Option<PathBuf>,
+    /// Operator keys, as NAME=KEY pairs: an operator key may do what a client key may, for
+    /// every message, and list and re-drive DEAD rows, read and replay parking, and list
+    /// partitions. Environment only.
+    #[arg(
+        long,
+        env = "HERALD_API_OPERATOR_KEYS",
+        hide_env_values = true,
+        value_name = "NAME=KEY,..."
+    )]
+    #[serde(serialize_with = "mask_secret")]
+    pub operator_keys: Option<String>,
+    /// A file of operator keys, instead of HERALD_API_OPERATOR_KEYS.
+    #[arg(long, env = "HERALD_API_OPERATOR_KEYS_FILE")]
+    pub operator_keys_file: Option<PathBuf>,
+    /// Each gateway's receipt secret, as GATEWAY=SECRET pairs (a gateway given twice has two
+    /// secrets, for a rotation): a receipt post must carry `Herald-Signature: t=<unix
+    /// seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` made with one. Environment only.
+    #[arg(
+        long,
+        env = "HERALD_RECEIPT_SECRETS",
+        hide_env_values = true,
+        value_name = "GATEWAY=SECRET,..."
+    )]
+    #[serde(serialize_with = "mask_secret")]
+    pub receipt_secrets: Option<String>,
+    /// A file of receipt secrets, instead of HERALD_RECEIPT_SECRETS.
+    #[arg(long, env = "HERALD_RECEIPT_SECRETS_FILE")]
+    pub receipt_secrets_file: Option<PathBuf>,
+    /// How far a receipt signature's timestamp may be from the API's clock, either way.
+    #[arg(long, env = "HERALD_RECEIPT_SIGNATURE_WINDOW", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub receipt_signature_window: Duration,
+    /// A development run: start without credentials (no key: every /v1 route is open; no
+    /// receipt secret: receipts need no signature). Credentials that are configured are still
+    /// enforced. Never in production.
+    #[arg(long, env = "HERALD_INSECURE_DEV")]
+    pub insecure_dev: bool,
+}
+
+/// Arguments that hold secrets: accepted from their environment variable (or a file), and
+/// refused on a command line, where every user of the machine could read them.
+const ENVIRONMENT_ONLY: [&str; 4] = [
+    "client_keys",
+    "operator_keys",
+    "receipt_secrets",
+    "runtime_role_password",
+];
+
+/// Refuses a secret given as a flag, naming the variable to use instead.
+pub fn refuse_secrets_on_the_command_line(matches: &clap::ArgMatches) -> Result<(), ConfigError> {
+    let Some((name, sub)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let command = <Cli as clap::CommandFactory>::command();
+    let Some(definition) = command.find_subcommand(name) else {
+        return Ok(());
+    };
+    for arg in definition.get_arguments() {
+        let id = arg.get_id().as_str();
+        if ENVIRONMENT_ONLY.contains(&id)
+            && sub.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+        {
+            let env = arg
+                .get_env()
+                .map(|env| env.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            return Err(ConfigError(format!(
+                "--{} is read from the environment only, so that it is on no command line: set \
+                 {env} (or {env}_FILE to a file holding it) instead",
+                arg.get_long().unwrap_or(id)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A secret given directly or as a file (`variable` names the direct form, for errors);
+/// None when neither is given.
+pub fn read_secret(
+    value: Option<&str>,
+    file: Option<&std::path::Path>,
+    variable: &str,
+) -> Result<Option<String>, ConfigError> {
+    match (value, file) {
+        (Some(_), Some(_)) => Err(ConfigError(format!(
+            "{variable} and {variable}_FILE are both set; set one"
+        ))),
+        (Some(value), None) => Ok(Some(value.to_owned())),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map(|text| Some(text.trim().to_owned()))
+            .map_err(|err| {
+                ConfigError(format!(
+                    "{variable}_FILE: cannot read {}: {err}",
+                    path.display()
+                ))
+            }),
+        (None, None) => Ok(None),
+    }
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -408,10 +534,21 @@ pub struct SimArgs {
     /// Herald API base URL to post delivery receipts to (none: no receipts).
     #[arg(long, hide_env_values = true, env = "HERALD_SIM_CALLBACK_URL")]
     pub callback_url: Option<String>,
-    /// Bearer token for the receipt callback.
-    #[arg(long, env = "HERALD_SIM_CALLBACK_TOKEN", hide_env_values = true)]
-    #[serde(skip)]
-    pub callback_token: Option<String>,
+    /// The secret each gateway signs its receipt posts with, as GATEWAY=SECRET pairs (the same
+    /// values as the API's HERALD_RECEIPT_SECRETS; a gateway given twice signs with the last).
+    /// A gateway without one posts unsigned, which an API with secrets refuses. Environment
+    /// only.
+    #[arg(
+        long,
+        env = "HERALD_SIM_RECEIPT_SECRETS",
+        hide_env_values = true,
+        value_name = "GATEWAY=SECRET,..."
+    )]
+    #[serde(serialize_with = "mask_secret")]
+    pub receipt_secrets: Option<String>,
+    /// A file of receipt secrets, instead of HERALD_SIM_RECEIPT_SECRETS.
+    #[arg(long, env = "HERALD_SIM_RECEIPT_SECRETS_FILE")]
+    pub receipt_secrets_file: Option<PathBuf>,
     /// Wait before each receipt.
     #[arg(long, env = "HERALD_SIM_RECEIPT_DELAY", default_value = "50ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
@@ -575,8 +712,14 @@ fn mask_passwords<S: serde::Serializer>(urls: &[String], serializer: S) -> Resul
     serializer.collect_seq(urls.iter().map(|url| masked_url(url)))
 }
 
-fn mask_all<S: serde::Serializer>(keys: &[String], serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(&format!("{} key(s), hidden", keys.len()))
+fn mask_secret<S: serde::Serializer>(
+    secret: &Option<String>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match secret {
+        Some(_) => serializer.serialize_str("(set, hidden)"),
+        None => serializer.serialize_none(),
+    }
 }
 
 fn human<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {

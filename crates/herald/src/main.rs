@@ -7,7 +7,7 @@ mod roles;
 mod shutdown;
 mod telemetry;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::{Cli, Command};
 
@@ -15,8 +15,17 @@ use crate::cli::{Cli, Command};
 const EXIT_CONFIG: i32 = 64;
 
 fn main() {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
+    let cli = match parsed {
+        Ok((cli, matches)) => {
+            if let Err(err) = cli::refuse_secrets_on_the_command_line(&matches) {
+                eprintln!("herald: invalid configuration: {err}");
+                std::process::exit(EXIT_CONFIG);
+            }
+            cli
+        }
         Err(err) => {
             let code = if err.use_stderr() { EXIT_CONFIG } else { 0 };
             let _ = err.print();

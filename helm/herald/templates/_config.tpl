@@ -1,9 +1,11 @@
 {{/* The non-secret configuration of each role, as HERALD_* variables (see `herald <role> --help`).
      Rendered into each role's ConfigMap; its checksum rolls the role's pods when it changes. */}}
 
+{{/* Call with (dict "root" $ "pool" n "runtime" bool): a role (runtime true) connects as the
+     runtime role when one is configured, the migration as postgresql.user. */}}
 {{- define "herald.config.database" -}}
 {{- if not (include "herald.databaseUrlFromSecret" .root) }}
-HERALD_DATABASE_URL: {{ include "herald.databaseUrl" .root | quote }}
+HERALD_DATABASE_URL: {{ include "herald.databaseUrl" (dict "root" .root "runtime" .runtime) | quote }}
 {{- end }}
 HERALD_DATABASE_MAX_CONNECTIONS: {{ .pool | int64 | quote }}
 HERALD_LOG_FORMAT: {{ .root.Values.logFormat | quote }}
@@ -16,7 +18,7 @@ HERALD_QUEUE_CHECK_INTERVAL: {{ .Values.queueCheckInterval | quote }}
 
 {{- define "herald.config.api" -}}
 {{- $api := .Values.api -}}
-{{- include "herald.config.database" (dict "root" . "pool" $api.databaseMaxConnections) }}
+{{- include "herald.config.database" (dict "root" . "pool" $api.databaseMaxConnections "runtime" true) }}
 HERALD_API_LISTEN: {{ printf "0.0.0.0:%v" $api.port | quote }}
 HERALD_API_MAX_BODY_BYTES: {{ $api.maxBodyBytes | int64 | quote }}
 HERALD_API_MAX_BATCH: {{ $api.maxBatch | int64 | quote }}
@@ -24,6 +26,7 @@ HERALD_API_GROUP_MAX: {{ $api.groupMax | int64 | quote }}
 HERALD_API_GROUP_PARALLEL: {{ $api.groupParallel | int64 | quote }}
 HERALD_API_REQUIRE_IDEMPOTENCY_KEY: {{ $api.requireIdempotencyKey | toString | quote }}
 HERALD_BACKLOG_GAUGE_INTERVAL: {{ $api.backlogGaugeInterval | quote }}
+HERALD_RECEIPT_SIGNATURE_WINDOW: {{ $api.auth.signatureWindow | quote }}
 {{ include "herald.config.pressure" . }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "send" "var" "HERALD_REDIS_SEND_URL") }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "status" "var" "HERALD_REDIS_STATUS_URL") }}
@@ -31,7 +34,7 @@ HERALD_BACKLOG_GAUGE_INTERVAL: {{ $api.backlogGaugeInterval | quote }}
 
 {{- define "herald.config.poller" -}}
 {{- $p := .Values.poller -}}
-{{- include "herald.config.database" (dict "root" . "pool" $p.databaseMaxConnections) }}
+{{- include "herald.config.database" (dict "root" . "pool" $p.databaseMaxConnections "runtime" true) }}
 HERALD_ADMIN_LISTEN: {{ printf "0.0.0.0:%v" $p.adminPort | quote }}
 HERALD_REDIS_MAX_CONNECTIONS: {{ $p.redisMaxConnections | int64 | quote }}
 {{- with .Values.etcd.endpoints }}
@@ -54,7 +57,7 @@ HERALD_POLLER_STALE_AFTER: {{ $p.staleAfter | quote }}
 {{/* Call with (dict "root" $ "type" "send"). */}}
 {{- define "herald.config.worker" -}}
 {{- $w := index .root.Values.workers .type -}}
-{{- include "herald.config.database" (dict "root" .root "pool" $w.databaseMaxConnections) }}
+{{- include "herald.config.database" (dict "root" .root "pool" $w.databaseMaxConnections "runtime" true) }}
 HERALD_JOB_TYPE: {{ .type | quote }}
 HERALD_ADMIN_LISTEN: {{ printf "0.0.0.0:%v" $w.adminPort | quote }}
 HERALD_REDIS_MAX_CONNECTIONS: {{ $w.redisMaxConnections | int64 | quote }}

@@ -65,10 +65,20 @@ herald-{{ . }}
 
 {{/* PostgreSQL */}}
 
-{{/* The connection URL without a password (safe for a ConfigMap). */}}
+{{/* The connection URL without a password (safe for a ConfigMap). Call with
+     (dict "root" $ "runtime" bool): with runtime, as the runtime role when one is configured. */}}
 {{- define "herald.databaseUrl" -}}
-{{- $pg := .Values.postgresql -}}
-{{- printf "postgres://%s@%s:%v/%s?sslmode=%s" (urlquery $pg.user) $pg.host $pg.port (urlquery $pg.database) $pg.sslMode -}}
+{{- $pg := .root.Values.postgresql -}}
+{{- $user := $pg.user -}}
+{{- if and .runtime $pg.runtimeRole.name -}}
+{{- $user = $pg.runtimeRole.name -}}
+{{- end -}}
+{{- printf "postgres://%s@%s:%v/%s?sslmode=%s" (urlquery $user) $pg.host $pg.port (urlquery $pg.database) $pg.sslMode -}}
+{{- end -}}
+
+{{/* Whether the roles connect as the runtime role. */}}
+{{- define "herald.runtimeRole" -}}
+{{- if .Values.postgresql.runtimeRole.name -}}true{{- end -}}
 {{- end -}}
 
 {{- define "herald.postgresSecretName" -}}
@@ -84,10 +94,18 @@ herald-{{ . }}
 {{- if and .Values.postgresql.existingSecret .Values.postgresql.existingSecretUrlKey -}}true{{- end -}}
 {{- end -}}
 
-{{/* Env entries for the database secret: the whole URL, or PGPASSWORD. Call with (dict "root" $ "secret" name). */}}
+{{/* Env entries for the database secret: the whole URL, or PGPASSWORD. Call with
+     (dict "root" $ "secret" name "runtime" bool): with runtime, the runtime role's password
+     when one is configured. */}}
 {{- define "herald.databaseSecretEnv" -}}
 {{- $pg := .root.Values.postgresql -}}
-{{- if include "herald.databaseUrlFromSecret" .root }}
+{{- if and .runtime (include "herald.runtimeRole" .root) }}
+- name: PGPASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $pg.runtimeRole.existingSecret }}
+      key: {{ $pg.runtimeRole.existingSecretPasswordKey }}
+{{- else if include "herald.databaseUrlFromSecret" .root }}
 - name: HERALD_DATABASE_URL
   valueFrom:
     secretKeyRef:
@@ -99,6 +117,14 @@ herald-{{ . }}
     secretKeyRef:
       name: {{ .secret }}
       key: {{ ternary $pg.existingSecretPasswordKey "password" (ne $pg.existingSecret "") }}
+{{- end }}
+{{- end -}}
+
+{{/* One env entry from a Secret key. Call with (dict "var" NAME "secret" s "key" k "optional" bool). */}}
+{{- define "herald.secretEnv" -}}
+{{- printf "\n- name: %s\n  valueFrom:\n    secretKeyRef:\n      name: %s\n      key: %s" .var .secret .key }}
+{{- if .optional }}
+{{- printf "\n      optional: true" }}
 {{- end }}
 {{- end -}}
 
@@ -301,8 +327,15 @@ readinessProbe:
 {{- fail (printf "redis.%s.auth.password must be URL-safe (letters, digits, . _ ~ -)" $type) -}}
 {{- end -}}
 {{- end -}}
-{{- if and .Values.providerSim.enabled .Values.providerSim.callbacks .Values.api.apiKeys.existingSecret (not .Values.providerSim.callbackToken.existingSecret) -}}
-{{- fail "providerSim.callbackToken.existingSecret is needed when the API has keys" -}}
+{{- $runtime := .Values.postgresql.runtimeRole -}}
+{{- if and $runtime.name (not $runtime.existingSecret) -}}
+{{- fail "postgresql.runtimeRole.name needs postgresql.runtimeRole.existingSecret (its password)" -}}
+{{- end -}}
+{{- if and $runtime.name .Values.postgresql.existingSecretUrlKey -}}
+{{- fail "postgresql.runtimeRole needs host, port, database and user: not existingSecretUrlKey (a whole URL names one user)" -}}
+{{- end -}}
+{{- if and $runtime.name (eq $runtime.name .Values.postgresql.user) -}}
+{{- fail "postgresql.runtimeRole.name must differ from postgresql.user, which owns the schema" -}}
 {{- end -}}
 {{- end -}}
 

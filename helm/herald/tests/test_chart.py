@@ -153,6 +153,21 @@ def test_schema_rejects_typos_and_passwords_in_urls():
             "not both",
         ),
         ({"redis": {"send": {"auth": {"enabled": True}}}}, "existingSecret or password"),
+        ({"postgresql": {"runtimeRole": {"name": "herald_runtime"}}}, "runtimeRole.existingSecret"),
+        (
+            {
+                "postgresql": {
+                    "existingSecret": "pg",
+                    "existingSecretUrlKey": "url",
+                    "runtimeRole": {"name": "herald_runtime", "existingSecret": "rt"},
+                }
+            },
+            "not existingSecretUrlKey",
+        ),
+        (
+            {"postgresql": {"runtimeRole": {"name": "herald", "existingSecret": "rt"}}},
+            "must differ from postgresql.user",
+        ),
     ],
 )
 def test_render_refuses_unsafe_values(values, reason):
@@ -240,13 +255,16 @@ def test_autoscaler_max_replicas_at_most_partitions(values):
 
 
 SECRETS = {
-    "postgresql": {"password": "pg-Very-s3cret-value"},
+    "postgresql": {
+        "password": "pg-Very-s3cret-value",
+        "runtimeRole": {"name": "herald_runtime", "existingSecret": "herald-runtime"},
+    },
     "redis": {
         "send": {"auth": {"enabled": True, "password": "send-redis-s3cret"}},
         "status": {"auth": {"enabled": True, "password": "status-redis-s3cret"}},
     },
-    "api": {"apiKeys": {"existingSecret": "herald-api-keys"}},
-    "providerSim": {"enabled": True, "callbackToken": {"existingSecret": "herald-callback"}},
+    "api": {"auth": {"existingSecret": "herald-api-auth"}},
+    "providerSim": {"enabled": True},
 }
 
 
@@ -272,6 +290,69 @@ def test_no_secret_value_appears_in_a_configmap(example):
         text = yaml.safe_dump(obj)
         for secret in secrets:
             assert secret not in text, f"{obj['kind']} {obj['metadata']['name']} holds a Secret value"
+
+
+def containers_of(workload: dict) -> list[dict]:
+    spec = pod_spec(workload)
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES + ["chart-created-secrets"])
+def test_no_secret_reaches_a_command_line(example):
+    """Every process's command line is readable by every user of its node: a Secret reaches a
+    container as a variable or a file, never in its command or args, not even as $(VAR)."""
+    values = SECRETS if example == "chart-created-secrets" else values_of(example)
+    objects = render(values)
+    secrets = secret_values(objects)
+    workloads = find(objects, "Deployment") + find(objects, "StatefulSet") + find(objects, "Job")
+    for workload in workloads:
+        for c in containers_of(workload):
+            from_secrets = {
+                e["name"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
+            }
+            # A variable whose value expands a Secret's variable carries the secret too.
+            from_secrets |= {
+                e["name"]
+                for e in c.get("env", [])
+                if any(f"$({name})" in e.get("value", "") for name in from_secrets)
+            }
+            line = " ".join(c.get("command", []) + c.get("args", []))
+            name = f"{workload['metadata']['name']}/{c['name']}"
+            for var in from_secrets:
+                assert f"$({var})" not in line, f"{name} puts {var} on its command line: {line}"
+            for secret in secrets:
+                assert secret not in line, f"{name} has a Secret value on its command line"
+
+
+def test_keys_and_receipt_secrets_come_from_one_secret_as_variables():
+    objects = render(SECRETS)
+    api = effective_env(objects, one(objects, "Deployment", full("api")))
+    sim = effective_env(objects, one(objects, "Deployment", full("provider-sim")))
+    ref = lambda env, var: env[var]["from"]["secretKeyRef"]
+    assert ref(api, "HERALD_API_CLIENT_KEYS") == {"name": "herald-api-auth", "key": "client-keys", "optional": True}
+    assert ref(api, "HERALD_API_OPERATOR_KEYS") == {"name": "herald-api-auth", "key": "operator-keys", "optional": True}
+    assert ref(api, "HERALD_RECEIPT_SECRETS") == {"name": "herald-api-auth", "key": "receipt-secrets"}
+    # The simulator signs with what the API verifies with.
+    assert ref(sim, "HERALD_SIM_RECEIPT_SECRETS") == ref(api, "HERALD_RECEIPT_SECRETS")
+    assert api["HERALD_RECEIPT_SIGNATURE_WINDOW"] == "5m"
+    # Without the Secret the API has nothing to start with: NOTES say what to set.
+    assert "api.auth.existingSecret" in notes({})
+
+
+def test_roles_connect_as_the_runtime_role_that_the_migration_creates():
+    objects = render(SECRETS)
+    job = effective_env(objects, one(objects, "Job", full("migrate")))
+    assert urlsplit(job["HERALD_DATABASE_URL"]).username == "herald"
+    assert job["HERALD_RUNTIME_ROLE"] == "herald_runtime"
+    assert job["HERALD_RUNTIME_ROLE_PASSWORD"]["from"]["secretKeyRef"] == {"name": "herald-runtime", "key": "password"}
+    for component in ("api", "poller", "worker-send", "worker-status"):
+        env = effective_env(objects, one(objects, "Deployment", full(component)))
+        assert urlsplit(env["HERALD_DATABASE_URL"]).username == "herald_runtime", component
+        assert env["PGPASSWORD"]["from"]["secretKeyRef"]["name"] == "herald-runtime", component
+    # Without a runtime role every role connects as postgresql.user, as before.
+    plain = render({})
+    env = effective_env(plain, one(plain, "Deployment", full("api")))
+    assert urlsplit(env["HERALD_DATABASE_URL"]).username == "herald"
 
 
 def store_urls(objects, env_value) -> list[str]:
@@ -476,13 +557,20 @@ def test_every_variable_the_chart_sets_is_one_the_role_reads_and_accepts(example
     assert checked >= 5
 
 
-# Variables of a role's --help the chart deliberately leaves to the binary's default.
+# Variables of a role's --help the chart deliberately leaves to the binary's default. The
+# *_FILE forms of keys and secrets: the chart hands them over as variables from a Secret.
+# HERALD_INSECURE_DEV: a release never runs an API open to anyone.
 NOT_EXPOSED: dict[str, set[str]] = {
-    "api": set(),
+    "api": {
+        "HERALD_API_CLIENT_KEYS_FILE",
+        "HERALD_API_OPERATOR_KEYS_FILE",
+        "HERALD_RECEIPT_SECRETS_FILE",
+        "HERALD_INSECURE_DEV",
+    },
     "poller": set(),
     "worker": set(),
-    "provider-sim": set(),
-    "migrate": set(),
+    "provider-sim": {"HERALD_SIM_RECEIPT_SECRETS_FILE"},
+    "migrate": {"HERALD_RUNTIME_ROLE_PASSWORD_FILE"},
 }
 
 

@@ -233,13 +233,10 @@ async fn partitions_list_owner_epoch_and_backlog() {
 /// accepted as always.
 #[tokio::test]
 async fn a_deployment_that_requires_keys_refuses_messages_without_one() {
-    let api = TestApi::start(
-        &[],
-        herald_api::Limits {
-            require_idempotency_key: true,
-            ..herald_api::Limits::default()
-        },
-    )
+    let api = TestApi::with_limits(herald_api::Limits {
+        require_idempotency_key: true,
+        ..herald_api::Limits::default()
+    })
     .await;
     let message = json!({"recipient": "a@example.com", "body": {"n": 1}});
     let response = api

@@ -5,14 +5,11 @@ use crate::{assert_problem, TestApi};
 
 #[tokio::test]
 async fn every_bad_request_gets_a_problem_naming_the_field_and_writes_nothing() {
-    let api = TestApi::start(
-        &[],
-        Limits {
-            max_body_bytes: 4096,
-            max_batch: 10,
-            ..Limits::default()
-        },
-    )
+    let api = TestApi::with_limits(Limits {
+        max_body_bytes: 4096,
+        max_batch: 10,
+        ..Limits::default()
+    })
     .await;
     let raw = |body: &'static str| {
         api.post("/v1/messages")

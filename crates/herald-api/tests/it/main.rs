@@ -1,5 +1,6 @@
 //! The API over HTTP against a real PostgreSQL: accept, idempotency, history, every kind of
-//! bad request, and API keys.
+//! bad request, and who may call what (keys, scopes, signed receipts). Tests of anything but
+//! credentials run the API as a development run without any.
 
 mod accept;
 mod auth;
@@ -7,6 +8,7 @@ mod errors;
 mod outcome;
 mod receipts;
 
+use herald_api::auth::Credentials;
 use herald_api::{ApiState, Limits};
 use herald_core::PartitionCount;
 use herald_testkit::LocalPostgres;
@@ -22,7 +24,7 @@ pub struct TestApi {
 }
 
 impl TestApi {
-    pub async fn start(api_keys: &[&str], limits: Limits) -> Self {
+    pub async fn start(credentials: Credentials, limits: Limits) -> Self {
         let pg = LocalPostgres::start().await.expect("postgres");
         let url = pg.create_database("herald").await.expect("database");
         let pool = sqlx::postgres::PgPoolOptions::new()
@@ -37,7 +39,7 @@ impl TestApi {
             pool.clone(),
             PartitionCount::new(8).unwrap(),
             limits,
-            api_keys.iter().map(|k| k.to_string()).collect(),
+            credentials,
             herald_api::DEFAULT_GROUP,
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -55,8 +57,14 @@ impl TestApi {
         }
     }
 
+    /// A development run without credentials.
     pub async fn default() -> Self {
-        Self::start(&[], Limits::default()).await
+        Self::with_limits(Limits::default()).await
+    }
+
+    /// A development run without credentials, with `limits`.
+    pub async fn with_limits(limits: Limits) -> Self {
+        Self::start(Credentials::open_for_development(), limits).await
     }
 
     pub fn post(&self, path: &str) -> reqwest::RequestBuilder {

@@ -37,6 +37,7 @@ pub fn message(partition: u32, key: Option<&str>, text: &str) -> NewMessage {
         fingerprint: fingerprint("+15550100", None, &body),
         body,
         idempotency_key: key.map(str::to_owned),
+        created_by: None,
     }
 }
 

@@ -1,9 +1,10 @@
 //! `herald api`.
 
+use herald_api::auth::{CredentialError, Credentials, Scope};
 use herald_api::{ApiState, Limits};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{print_config, ApiArgs, ConfigError};
+use crate::cli::{print_config, read_secret, ApiArgs, ApiAuthArgs, ConfigError};
 use crate::{shutdown, telemetry};
 
 pub async fn main(args: ApiArgs) -> anyhow::Result<i32> {
@@ -27,6 +28,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         )
         .into());
     }
+    let credentials = credentials(&args.auth)?;
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
@@ -38,15 +40,13 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
             max_batch: args.max_batch,
             require_idempotency_key: args.require_idempotency_key,
         },
-        args.api_keys,
+        credentials,
         herald_store::group::GroupSettings {
             max_group: args.group_max,
             parallel: args.group_parallel,
         },
     );
-    if state.api_keys.is_empty() {
-        tracing::warn!("no API keys configured: /v1 is open to anyone who can reach it");
-    }
+    announce(&state.credentials);
     // The queue stores are read for readiness only; the accept path never touches them.
     let monitors_cancel = cancel.child_token();
     let mut stores = Vec::new();
@@ -88,6 +88,83 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     let router =
         herald_api::router(state).merge(telemetry::admin_router(metrics, "api", readiness));
     telemetry::serve(args.listen, router, cancel).await
+}
+
+/// The API's keys and receipt secrets, from the environment or their files; without any, the
+/// API refuses to start unless this is a development run.
+pub fn credentials(auth: &ApiAuthArgs) -> anyhow::Result<Credentials> {
+    let pairs = |value: &Option<String>, file: &Option<std::path::PathBuf>, variable: &str| {
+        let text = read_secret(value.as_deref(), file.as_deref(), variable)?;
+        herald_api::auth::parse_pairs(text.as_deref().unwrap_or_default())
+            .map_err(|err| ConfigError(format!("{variable}: {err}")))
+    };
+    let client = pairs(
+        &auth.client_keys,
+        &auth.client_keys_file,
+        "HERALD_API_CLIENT_KEYS",
+    )?;
+    let operator = pairs(
+        &auth.operator_keys,
+        &auth.operator_keys_file,
+        "HERALD_API_OPERATOR_KEYS",
+    )?;
+    let receipt = pairs(
+        &auth.receipt_secrets,
+        &auth.receipt_secrets_file,
+        "HERALD_RECEIPT_SECRETS",
+    )?;
+    let credentials = Credentials::new(
+        client,
+        operator,
+        receipt,
+        auth.receipt_signature_window,
+        auth.insecure_dev,
+    );
+    credentials.map_err(|err| ConfigError(explain(&err)).into())
+}
+
+/// What to set, for each way credentials can be refused.
+fn explain(err: &CredentialError) -> String {
+    let hint = match err {
+        CredentialError::NoKeys => {
+            "set HERALD_API_CLIENT_KEYS and/or HERALD_API_OPERATOR_KEYS to NAME=KEY pairs \
+             (comma-separated), or HERALD_API_CLIENT_KEYS_FILE / HERALD_API_OPERATOR_KEYS_FILE to \
+             files holding them"
+        }
+        CredentialError::NoReceiptSecrets => {
+            "set HERALD_RECEIPT_SECRETS to GATEWAY=SECRET pairs (comma-separated), one for every \
+             gateway that posts receipts, or HERALD_RECEIPT_SECRETS_FILE to a file holding them"
+        }
+        _ => return err.to_string(),
+    };
+    let renamed = if std::env::var_os("HERALD_API_KEYS").is_some() {
+        " (HERALD_API_KEYS is no longer read: give each of its keys a name and a scope)"
+    } else {
+        ""
+    };
+    format!(
+        "the API will not start without credentials: {err}; {hint}{renamed}. For a development \
+         run without credentials, pass --insecure-dev (HERALD_INSECURE_DEV=true)"
+    )
+}
+
+/// Logs what protects the API, and warns about what does not.
+fn announce(credentials: &Credentials) {
+    tracing::info!(
+        client_keys = credentials.key_count(Scope::Client),
+        operator_keys = credentials.key_count(Scope::Operator),
+        receipt_gateways = ?credentials.gateways(),
+        signature_window = ?credentials.signature_window,
+        "API credentials"
+    );
+    if credentials.bearer_open() {
+        tracing::warn!(
+            "development run without API keys: every /v1 route is open to anyone who can reach it"
+        );
+    }
+    if credentials.receipts_open() {
+        tracing::warn!("development run without receipt secrets: receipts are accepted unsigned");
+    }
 }
 
 /// Sets the backlog gauges every `interval` until `cancel`: one query over the rows a partial

@@ -1,12 +1,18 @@
 //! `herald dev`: local PostgreSQL, Redis and etcd under one folder, every role in this
-//! process, a demo load, and the proof that nothing was lost.
+//! process, a demo load, and the proof that nothing was lost. It runs with credentials, as
+//! production does: random client and operator keys, a receipt secret per gateway shared by
+//! the API and the simulator, and the roles connected as the runtime database role. They are
+//! handed to the roles in memory, never on a command line.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use herald_api::wire::{BatchItem, BatchRequest, BatchResponse, SendRequest};
-use herald_testkit::{LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions};
+use herald_testkit::keys::{CLIENT, OPERATOR, RUNTIME_ROLE};
+use herald_testkit::{
+    DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
+};
 use tokio_util::sync::CancellationToken;
 
 use clap::Parser;
@@ -38,6 +44,8 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         LocalRedis::start_in(&dir.join("redis-status"), &RedisOptions::default()).await?;
     let etcd = LocalEtcd::start_in(&dir.join("etcd")).await?;
     let database_url = pg.create_database("herald").await?;
+    let keys = DeploymentKeys::generate();
+    let runtime_url = keys.runtime_url(&database_url)?;
     println!(
         "PostgreSQL {}  Redis send {} status {}  etcd {}",
         crate::cli::masked_url(&database_url),
@@ -46,7 +54,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         etcd.endpoint()
     );
 
-    let Command::Migrate(migrate) = parse(&[
+    let Command::Migrate(mut migrate) = parse(&[
         &[
             "migrate",
             "--database-url",
@@ -59,6 +67,8 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     else {
         unreachable!("parsed migrate")
     };
+    migrate.runtime_role = Some(RUNTIME_ROLE.to_owned());
+    migrate.runtime_role_password = Some(keys.runtime_password.clone());
     super::migrate::run(migrate).await?;
 
     let cancel = CancellationToken::new();
@@ -73,7 +83,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     let mut roles = tokio::task::JoinSet::new();
 
     let sim_log = dir.join("provider-sim-submits.jsonl");
-    let Command::ProviderSim(sim_args) = parse(&[
+    let Command::ProviderSim(mut sim_args) = parse(&[
         &["provider-sim", "--listen", &sim_addr.to_string()],
         &["--log-path", path(&sim_log)?, "--callback-url", &api],
         &common[..],
@@ -81,15 +91,16 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     else {
         unreachable!("parsed provider-sim")
     };
+    sim_args.receipt_secrets = Some(keys.receipt_secrets_value());
     roles.spawn(super::sim::run(sim_args, cancel.clone()));
 
-    let Command::Api(api_args) = parse(&[
+    let Command::Api(mut api_args) = parse(&[
         &[
             "api",
             "--listen",
             &api_addr.to_string(),
             "--database-url",
-            &database_url,
+            &runtime_url,
         ],
         &["--database-max-connections", "32"],
         &[
@@ -103,13 +114,16 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     else {
         unreachable!("parsed api")
     };
+    api_args.auth.client_keys = Some(format!("{CLIENT}={}", keys.client_key));
+    api_args.auth.operator_keys = Some(format!("{OPERATOR}={}", keys.operator_key));
+    api_args.auth.receipt_secrets = Some(keys.receipt_secrets_value());
     roles.spawn(super::api::run(api_args, cancel.clone()));
 
     let Command::Poller(poller_args) = parse(&[
         &[
             "poller",
             "--database-url",
-            &database_url,
+            &runtime_url,
             "--poller-id",
             "dev-poller",
         ],
@@ -148,7 +162,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
                 "--job-type",
                 job_type,
                 "--database-url",
-                &database_url,
+                &runtime_url,
             ],
             &[
                 "--redis-url",
@@ -178,10 +192,14 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
 
     let mut code = 0;
     if args.messages > 0 {
-        code = demo(&args, &api, &database_url, &sim).await?;
+        let client = herald_testkit::keys::bearer_client(&keys.client_key)?;
+        code = demo(&args, &client, &api, &database_url, &sim).await?;
     }
     if args.keep_running {
-        println!("every role keeps running; try:\n  curl -s -X POST {api}/v1/messages -H 'content-type: application/json' -d '{{\"recipient\":\"+15550100\",\"body\":{{\"text\":\"hi\"}}}}'\nCtrl-C stops.");
+        println!(
+            "every role keeps running with these keys (this run's only):\n  client key ({CLIENT}): {}\n  operator key ({OPERATOR}): {}\ntry:\n  curl -s -X POST {api}/v1/messages -H \"Authorization: Bearer {}\" -H 'content-type: application/json' -d '{{\"recipient\":\"+15550100\",\"body\":{{\"text\":\"hi\"}}}}'\nCtrl-C stops.",
+            keys.client_key, keys.operator_key, keys.client_key
+        );
         let signal = crate::shutdown::on_signal();
         signal.cancelled().await;
     }
@@ -195,20 +213,25 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-async fn demo(args: &DevArgs, api: &str, database_url: &str, sim: &str) -> anyhow::Result<i32> {
+async fn demo(
+    args: &DevArgs,
+    client: &reqwest::Client,
+    api: &str,
+    database_url: &str,
+    sim: &str,
+) -> anyhow::Result<i32> {
     let batch = args.batch.clamp(1, 1000);
     println!(
         "sending {} messages ({} per request, {} in flight)…",
         args.messages, batch, args.concurrency
     );
-    let client = reqwest::Client::new();
     let started = Instant::now();
     let chunks: Vec<std::ops::Range<usize>> = (0..args.messages)
         .step_by(batch)
         .map(|start| start..(start + batch).min(args.messages))
         .collect();
     let results: Vec<anyhow::Result<usize>> = futures::stream::iter(chunks)
-        .map(|range| send_chunk(&client, api, range, batch))
+        .map(|range| send_chunk(client, api, range, batch))
         .buffer_unordered(args.concurrency.max(1))
         .collect()
         .await;

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use herald_provider_sim::{ReceiptRates, SimSettings};
+use herald_provider_sim::{ReceiptRates, ReceiptSecrets, SimSettings};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{print_config, ConfigError, SimArgs};
+use crate::cli::{print_config, read_secret, ConfigError, SimArgs};
 use crate::{shutdown, telemetry};
 
 pub async fn main(args: SimArgs) -> anyhow::Result<i32> {
@@ -18,6 +18,7 @@ pub async fn main(args: SimArgs) -> anyhow::Result<i32> {
 }
 
 pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()> {
+    let receipt_secrets = receipt_secrets(&args)?;
     let metrics = telemetry::init_metrics()?;
     let settings = SimSettings {
         gateways: args
@@ -36,7 +37,7 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
         refuse_status: args.refuse_status,
         log_path: args.log_path.clone(),
         callback_url: args.callback_url.clone(),
-        callback_token: args.callback_token.clone(),
+        receipt_secrets,
         receipts: ReceiptRates {
             delay: args.receipt_delay,
             post_batch: args.receipt_batch,
@@ -67,4 +68,28 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
         always_ready,
     ));
     telemetry::serve(args.listen, router, cancel).await
+}
+
+/// The gateways' signing secrets, from HERALD_SIM_RECEIPT_SECRETS or its file; for each gateway
+/// given twice, the last (a gateway rotating its secret signs with the new one).
+fn receipt_secrets(args: &SimArgs) -> anyhow::Result<ReceiptSecrets> {
+    let variable = "HERALD_SIM_RECEIPT_SECRETS";
+    let text = read_secret(
+        args.receipt_secrets.as_deref(),
+        args.receipt_secrets_file.as_deref(),
+        variable,
+    )?;
+    let pairs = herald_api::auth::parse_pairs(text.as_deref().unwrap_or_default())
+        .map_err(|err| ConfigError(format!("{variable}: {err}")))?;
+    if pairs.is_empty() && args.callback_url.is_some() {
+        tracing::warn!(
+            "no receipt secrets: receipts are posted unsigned, and an API with secrets refuses them"
+        );
+    }
+    Ok(ReceiptSecrets(
+        pairs
+            .into_iter()
+            .map(|(gateway, secret)| (gateway, secret.into_bytes()))
+            .collect(),
+    ))
 }

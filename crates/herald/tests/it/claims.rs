@@ -246,7 +246,7 @@ async fn start_send_worker(herald: &Deployment, worker_id: &str) -> Managed {
         env: vec![
             (
                 "HERALD_DATABASE_URL".to_owned(),
-                herald.database_url.clone(),
+                herald.runtime_database_url.clone(),
             ),
             ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
         ],

@@ -28,7 +28,12 @@ fn help_names_every_role_and_its_environment_variables() {
     }
     for (role, env) in [
         ("migrate", "HERALD_PARTITIONS"),
-        ("api", "HERALD_API_KEYS"),
+        ("api", "HERALD_API_CLIENT_KEYS"),
+        ("api", "HERALD_API_OPERATOR_KEYS"),
+        ("api", "HERALD_RECEIPT_SECRETS"),
+        ("api", "HERALD_INSECURE_DEV"),
+        ("provider-sim", "HERALD_SIM_RECEIPT_SECRETS"),
+        ("migrate", "HERALD_RUNTIME_ROLE_PASSWORD"),
         ("poller", "HERALD_REDIS_SEND_URL"),
         ("worker", "HERALD_WORKER_CONCURRENCY"),
         ("provider-sim", "HERALD_SIM_ERROR_RATE"),
@@ -47,7 +52,7 @@ fn help_names_every_role_and_its_environment_variables() {
 }
 
 /// `--help` shows which variable each flag reads, never the value it holds: URLs carry
-/// passwords.
+/// passwords, and keys and secrets are nothing but.
 #[test]
 fn help_never_prints_a_secret_from_the_environment() {
     let secrets = [
@@ -59,7 +64,11 @@ fn help_never_prints_a_secret_from_the_environment() {
         ("HERALD_PROVIDER_URL", "https://user:pw-gw-6@gateway"),
         ("HERALD_PROVIDER_SIM_URL", "http://user:pw-sim-7@sim"),
         ("HERALD_SIM_CALLBACK_URL", "http://user:pw-cb-8@api"),
-        ("HERALD_API_KEYS", "pw-key-9"),
+        ("HERALD_API_CLIENT_KEYS", "shop=pw-client-key-10"),
+        ("HERALD_API_OPERATOR_KEYS", "ops=pw-operator-key-11"),
+        ("HERALD_RECEIPT_SECRETS", "gw-a=pw-receipt-secret-12"),
+        ("HERALD_SIM_RECEIPT_SECRETS", "gw-a=pw-receipt-secret-13"),
+        ("HERALD_RUNTIME_ROLE_PASSWORD", "pw-runtime-role-14"),
     ];
     for role in [
         "migrate",
@@ -114,18 +123,25 @@ fn bad_configuration_exits_64_with_the_reason() {
 
 #[test]
 fn print_config_masks_passwords() {
-    let out = herald(&[
-        "api",
-        "--database-url",
-        "postgres://herald:s3cret@db/herald",
-        "--api-keys",
-        "k1,k2",
-        "--print-config",
-    ]);
+    let out = std::process::Command::new(HERALD)
+        .args([
+            "api",
+            "--database-url",
+            "postgres://herald:s3cret@db/herald",
+            "--print-config",
+        ])
+        .env("HERALD_API_CLIENT_KEYS", "shop=k1-client-key-0123456")
+        .env("HERALD_RECEIPT_SECRETS", "gw-a=k2-receipt-secret-0123")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!text.contains("s3cret") && !text.contains("k1"), "{text}");
+    assert!(
+        !text.contains("s3cret") && !text.contains("k1-") && !text.contains("k2-"),
+        "{text}"
+    );
     assert!(text.contains("postgres://herald:***@db/herald"), "{text}");
+    assert!(text.contains("(set, hidden)"), "{text}");
 }
 
 #[tokio::test]

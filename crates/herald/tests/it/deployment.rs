@@ -1,11 +1,16 @@
-//! A local deployment: servers from the test kit, roles as processes of the built binary.
+//! A local deployment: servers from the test kit, roles as processes of the built binary. It
+//! runs with production's credentials: the roles connect as the runtime database role, the API
+//! holds random client and operator keys ([`Deployment::client`] sends the operator key), and
+//! the simulator signs its receipts with the API's secrets.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use herald_testkit::{free_port, LocalEtcd, LocalPostgres, LocalRedis, RedisOptions, RoleProcess};
+use herald_testkit::{
+    free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, RedisOptions, RoleProcess,
+};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +60,12 @@ pub struct Deployment {
     /// Send shards after the first (`redis` is shard 0).
     pub more_redis: Vec<LocalRedis>,
     pub etcd: LocalEtcd,
+    /// The database as its owner: for the test's own queries and `herald verify`.
     pub database_url: String,
+    /// The database as the runtime role, which every role connects as.
+    pub runtime_database_url: String,
+    /// The API's keys and the gateways' receipt secrets.
+    pub keys: DeploymentKeys,
     pub pool: PgPool,
     pub api_url: String,
     pub sim_url: String,
@@ -65,6 +75,7 @@ pub struct Deployment {
     /// The status job type's queue store.
     pub status_redis: LocalRedis,
     pub roles: Vec<RoleProcess>,
+    /// Sends the operator key with every request.
     pub client: reqwest::Client,
     pub logs: tempfile::TempDir,
 }
@@ -87,9 +98,11 @@ impl Deployment {
             etcd.expect("etcd"),
         );
         let database_url = pg.create_database("herald").await.expect("database");
+        let keys = DeploymentKeys::generate();
         let status = tokio::process::Command::new(HERALD)
             .args(["migrate", "--database-url", &database_url])
             .args(["--partitions", &options.partitions.to_string()])
+            .envs(keys.migrate_env())
             .status()
             .await
             .unwrap();
@@ -120,10 +133,12 @@ impl Deployment {
             redis,
             more_redis: Vec::new(),
             etcd,
+            runtime_database_url: keys.runtime_url(&database_url).unwrap(),
             database_url,
             pool,
             roles: Vec::new(),
-            client: reqwest::Client::new(),
+            client: keys.operator_client().unwrap(),
+            keys,
             logs,
         };
         for _ in 1..options.send_shards {
@@ -226,10 +241,15 @@ impl Deployment {
 
     /// Starts one more role process named `name`.
     pub async fn spawn(&mut self, name: &str, args: Vec<String>, health: String) {
-        let env = vec![
-            ("HERALD_DATABASE_URL".to_owned(), self.database_url.clone()),
+        let mut env = vec![
+            (
+                "HERALD_DATABASE_URL".to_owned(),
+                self.runtime_database_url.clone(),
+            ),
             ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
         ];
+        let subcommand = args.first().map(String::as_str).unwrap_or_default();
+        env.extend(self.keys.env_for(subcommand));
         let role = RoleProcess::spawn(
             PathBuf::from(HERALD).as_path(),
             name,

@@ -1,6 +1,7 @@
 //! Herald end to end: the built `herald` binary's roles as separate processes against real
 //! PostgreSQL, Redis and etcd servers and the provider simulator.
 
+mod auth;
 mod bulkheads;
 mod claims;
 mod cli;
