@@ -729,6 +729,27 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
     herald.set_faults(0.0, 0.0).await;
     herald.role("worker").restart().await.unwrap();
     herald.wait_delivered(20, MINUTE).await;
+    // The provider took those ten and posted their receipts while no send was recorded: the
+    // receipts were held (not retried until parked) and applied once the re-driven sends were.
+    herald
+        .wait_for(
+            "SELECT count(*) FROM message_current_state
+             WHERE state IN ('DELIVERED', 'UNDELIVERED', 'EXPIRED')",
+            20,
+            MINUTE,
+        )
+        .await;
+    assert!(
+        herald
+            .metric(
+                &herald.status_worker_admin,
+                "herald_receipts_released_total"
+            )
+            .await
+            > 0.0,
+        "receipts outran their sends' ledger rows and were held"
+    );
+    assert_eq!(count(&herald, "SELECT count(*) FROM parking").await, 0);
 
     // Path 3: every attempt times out after the provider took it (the retries meet a 409: the
     // first submit is still in progress). Attempts used up with the outcome unknown is no
