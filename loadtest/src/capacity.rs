@@ -76,6 +76,9 @@ pub struct Step {
     pub accept_to_submit_p99_ms: Option<f64>,
     pub report: PathBuf,
     pub cost: Option<Cost>,
+    /// Re-drives and DEAD sends among the step's messages.
+    #[serde(default)]
+    pub redriven: crate::report::Redriven,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -240,6 +243,7 @@ fn judge(report: &Report, rate: f64, p99_limit: Duration, path: PathBuf) -> Step
         accept_to_submit_p99_ms: report.latency.accept_to_submit.as_ref().map(|p| p.p99_ms),
         report: path,
         cost: report.cost.clone(),
+        redriven: report.redriven,
     }
 }
 
@@ -248,7 +252,7 @@ pub fn render(report: &CapacityReport) -> String {
         "== capacity ({}, load before: {}) ==\n\
          each rate held {:.0}s, {} per request, pass: all accepted, lost 0, doubled 0, \
          DEAD 0, accept → ACCEPTED p99 ≤ {:.0} ms\n\n\
-         {:>8} {:>6} {:>10} {:>12} {:>10} {:>10} {:>8} {:>8} {:>10}\n",
+         {:>8} {:>6} {:>10} {:>12} {:>10} {:>10} {:>8} {:>8} {:>10} {:>9} {:>5}\n",
         report.started_at,
         report.load_average_before.trim(),
         report.hold_s,
@@ -262,12 +266,14 @@ pub fn render(report: &CapacityReport) -> String {
         "p99 submit",
         "rows/msg",
         "WAL kB",
-        "CPU s/1k"
+        "CPU s/1k",
+        "redriven",
+        "DEAD"
     );
     let line = |s: &Step| {
         let cost = s.cost.clone().unwrap_or_default();
         format!(
-            "{:>8.0} {:>6} {:>10} {:>12.0} {:>8.0}ms {:>10} {:>8.1} {:>8.2} {:>10.3}\n",
+            "{:>8.0} {:>6} {:>10} {:>12.0} {:>8.0}ms {:>10} {:>8.1} {:>8.2} {:>10.3} {:>9} {:>5}\n",
             s.rate,
             if s.passed { "yes" } else { "NO" },
             s.delivered,
@@ -278,7 +284,9 @@ pub fn render(report: &CapacityReport) -> String {
                 .unwrap_or_else(|| "-".to_owned()),
             cost.row_writes_per_message,
             cost.wal_bytes_per_message / 1000.0,
-            cost.cpu_total_per_1000()
+            cost.cpu_total_per_1000(),
+            s.redriven.lost_jobs + s.redriven.expired_claims,
+            s.redriven.dead
         )
     };
     for s in &report.steps {

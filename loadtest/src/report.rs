@@ -38,6 +38,44 @@ pub struct Report {
     /// to the end of the drain (absent in reports written before it was measured).
     #[serde(default)]
     pub cost: Option<crate::cost::Cost>,
+    /// Re-drives of this run's messages (none expected without chaos: waiting is never one).
+    #[serde(default)]
+    pub redriven: Redriven,
+}
+
+/// What was re-driven among a run's messages, read from the database after the drain.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Redriven {
+    /// Outbox rows re-driven at least once because their queue store no longer held the job.
+    pub lost_jobs: u64,
+    /// Claims re-driven because their worker stopped renewing the lease (RETRYING events).
+    pub expired_claims: u64,
+    /// Sends DEAD at the end.
+    pub dead: u64,
+}
+
+impl Redriven {
+    /// Reads the counts for `ids`.
+    pub async fn of(pool: &sqlx::PgPool, ids: &[uuid::Uuid]) -> anyhow::Result<Self> {
+        let (lost_jobs, expired_claims, dead): (i64, i64, i64) = sqlx::query_as(
+            "SELECT
+                 (SELECT count(*) FROM outbox
+                  WHERE message_id = ANY($1) AND last_error LIKE 'stale:%'),
+                 (SELECT count(*) FROM message_events
+                  WHERE message_id = ANY($1) AND state = 'RETRYING'
+                    AND detail->>'reason' LIKE 'claim lease expired%'),
+                 (SELECT count(*) FROM outbox
+                  WHERE message_id = ANY($1) AND job_type = 'send' AND status = 'DEAD')",
+        )
+        .bind(ids)
+        .fetch_one(pool)
+        .await?;
+        Ok(Self {
+            lost_jobs: lost_jobs as u64,
+            expired_claims: expired_claims as u64,
+            dead: dead as u64,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -145,6 +183,10 @@ impl Report {
         println!(
             "  duplicate provider submits  {}   (allowed: same idempotency key)",
             p.duplicate_provider_submits
+        );
+        println!(
+            "  re-driven                   {} lost jobs, {} expired claims; {} DEAD",
+            self.redriven.lost_jobs, self.redriven.expired_claims, self.redriven.dead
         );
         println!("  every message's end:");
         for line in p.verdict.lines() {

@@ -380,6 +380,7 @@ pub async fn run_on(
                 .await?;
         serde_json::to_value(whole)?
     };
+    let redriven = crate::report::Redriven::of(&pool, &ids).await?;
     let cost = crate::cost::Cost::between(&cost.0, &cost.1, proof.delivered);
     let first_submits = match &target.sim_log {
         Some(log) => Some(proof::first_submits(log)?),
@@ -437,6 +438,7 @@ pub async fn run_on(
         chaos: chaos_records,
         timeline,
         cost: Some(cost),
+        redriven,
     };
     let stamp = started_wall.format("%Y%m%d-%H%M%S");
     let path = output.out.join(format!("{}-{stamp}.json", output.name));
