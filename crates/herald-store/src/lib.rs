@@ -12,6 +12,7 @@ pub mod leases;
 pub mod messages;
 pub mod metrics;
 pub mod migrate;
+pub mod migration_rules;
 pub mod outbox;
 pub mod receipts;
 pub mod runtime_role;

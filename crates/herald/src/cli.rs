@@ -110,6 +110,16 @@ pub struct MigrateArgs {
     /// A file holding the runtime role's password, instead of HERALD_RUNTIME_ROLE_PASSWORD.
     #[arg(long, env = "HERALD_RUNTIME_ROLE_PASSWORD_FILE")]
     pub runtime_role_password_file: Option<PathBuf>,
+    /// Longest one schema change waits for a table lock. While it waits (behind a long
+    /// transaction) every accept on that table waits behind it; past this it gives up, its
+    /// migration is rolled back whole, accepts go on, and it is tried again after a pause.
+    #[arg(long, env = "HERALD_MIGRATE_LOCK_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub lock_timeout: Duration,
+    /// Tries of a migration that ran out of lock time before `herald migrate` fails (exit 1,
+    /// nothing of that migration applied).
+    #[arg(long, env = "HERALD_MIGRATE_LOCK_ATTEMPTS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    pub lock_attempts: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -82,3 +82,174 @@ async fn history_is_append_only_and_messages_immutable() {
     }
     assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 1);
 }
+
+/// Every migration newer than the rules follows them: no statement that would stop intake on a
+/// live database (see `herald_store::migration_rules`).
+#[test]
+fn every_new_migration_can_run_while_herald_takes_traffic() {
+    use herald_store::migration_rules::{check, CHECKED_FROM};
+    // The rules came with migration 7; raising this would exempt new migrations from them.
+    assert_eq!(CHECKED_FROM, 7);
+    let mut checked = 0;
+    for migration in herald_store::migrate::migrations() {
+        if migration.version < CHECKED_FROM {
+            continue;
+        }
+        let problems = check(&migration.sql);
+        assert!(
+            problems.is_empty(),
+            "migration {} ({}) would stop intake on a live database:\n{}",
+            migration.version,
+            migration.description,
+            problems.join("\n")
+        );
+        checked += 1;
+    }
+    let newest = herald_store::migrate::migrations()
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap();
+    assert_eq!(checked as i64, (newest - CHECKED_FROM + 1).max(0));
+}
+
+/// An upgrade's migration on a database that is taking accepts: a transaction that holds the
+/// table a migration alters (a slow accept, a report) must not stop intake for as long as it
+/// runs. The migration waits at most its lock timeout, is rolled back, and tries again; the
+/// accepts queued behind it go on in between, and none fails. The same upgrade without a lock
+/// timeout stops every accept until the long transaction ends, which is what this guards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_behind_a_long_transaction_does_not_stop_accepts() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use herald_store::migrate::{migrate_up_to, migrate_with_locks, LockPolicy};
+
+    // The newest migration that alters a table every accept writes to.
+    const ALTERS_MESSAGES: i64 = 6;
+    let pg = herald_testkit::LocalPostgres::start()
+        .await
+        .expect("start postgres");
+    let partitions = PartitionCount::new(4).unwrap();
+
+    // Two upgrades of the same old schema: without a lock timeout (one wait as long as the
+    // blocker), then with Herald's.
+    for (policy, expect_progress) in [
+        (
+            LockPolicy {
+                lock_timeout: Duration::from_secs(60),
+                attempts: 1,
+            },
+            false,
+        ),
+        (
+            LockPolicy {
+                lock_timeout: Duration::from_millis(200),
+                attempts: 200,
+            },
+            true,
+        ),
+    ] {
+        let db = format!("upgrade_{}", policy.lock_timeout.as_millis());
+        let url = pg.create_database(&db).await.expect("create database");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .expect("connect");
+        migrate_up_to(&pool, ALTERS_MESSAGES - 1, partitions)
+            .await
+            .expect("the older release's schema");
+        // Rows already there, as on any live database.
+        sqlx::query(
+            "INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
+             SELECT gen_random_uuid(), n % 4, '+15550100', '{}'::jsonb, '\\x00'::bytea
+             FROM generate_series(1, 20000) n",
+        )
+        .execute(&pool)
+        .await
+        .expect("rows");
+
+        // The older release's accepts keep running through the upgrade.
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let mut accepts = Vec::new();
+        for _ in 0..3 {
+            let (pool, stop, accepted) = (pool.clone(), stop.clone(), accepted.clone());
+            accepts.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut tx = pool.begin().await?;
+                    let id: uuid::Uuid = sqlx::query_scalar(
+                        "INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
+                         VALUES (gen_random_uuid(), 1, '+15550100', '{}'::jsonb, '\\x00'::bytea)
+                         RETURNING id",
+                    )
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "INSERT INTO outbox (partition, job_type, message_id) VALUES (1, 'send', $1)",
+                    )
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    accepted.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, sqlx::Error>(())
+            }));
+        }
+
+        // A long transaction that holds `messages` (ROW EXCLUSIVE, as an accept does).
+        let mut blocker = pool.begin().await.expect("begin");
+        sqlx::query(
+            "INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
+             VALUES (gen_random_uuid(), 0, '+15550100', '{}'::jsonb, '\\x00'::bytea)",
+        )
+        .execute(&mut *blocker)
+        .await
+        .expect("the long transaction's write");
+        let upgrade = tokio::spawn({
+            let pool = pool.clone();
+            async move { migrate_with_locks(&pool, partitions, policy).await }
+        });
+        // Let the migration reach its ALTER and wait behind the long transaction.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = accepted.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let during = accepted.load(Ordering::Relaxed) - before;
+        blocker.commit().await.expect("the long transaction ends");
+
+        upgrade
+            .await
+            .unwrap()
+            .expect("the upgrade completes once the long transaction ended");
+        stop.store(true, Ordering::Relaxed);
+        for accept in accepts {
+            accept
+                .await
+                .unwrap()
+                .expect("no accept failed during the upgrade");
+        }
+        let column: Option<String> = sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_name = 'messages' AND column_name = 'created_by'",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap();
+        assert!(column.is_some(), "migration {ALTERS_MESSAGES} applied");
+        if expect_progress {
+            assert!(
+                during > 0,
+                "with a lock timeout, accepts go on while the migration waits: {during}"
+            );
+        } else {
+            assert_eq!(
+                during, 0,
+                "without a lock timeout every accept queues behind the waiting ALTER"
+            );
+        }
+        pool.close().await;
+    }
+}

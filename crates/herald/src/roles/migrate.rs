@@ -24,7 +24,11 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<i32> {
         .into());
     }
     let pool = super::connect(&args.database).await?;
-    match herald_store::migrate::migrate(&pool, partitions).await {
+    let locks = herald_store::migrate::LockPolicy {
+        lock_timeout: args.lock_timeout,
+        attempts: args.lock_attempts,
+    };
+    match herald_store::migrate::migrate_with_locks(&pool, partitions, locks).await {
         Ok(()) => tracing::info!(%partitions, "schema is up to date"),
         Err(err @ herald_store::StoreError::PartitionCountMismatch { .. }) => {
             return Err(ConfigError(err.to_string()).into())
