@@ -175,6 +175,59 @@ pub async fn messages_for_receipts(
     Ok(out)
 }
 
+/// Of each `(message, provider status, provider time)` a receipt matched: the submit time of
+/// the message's send when a final receipt already settled it and this receipt is stamped
+/// later than every final receipt of it, else `None`. Such a receipt is most likely for a
+/// newer send that reused the provider id and is not recorded yet; it is held (see
+/// [`ReceiptToHold::superseding`]) instead of being applied to the settled message. A copy of a
+/// final receipt, or an intermediate one that arrived after the final, carries a time no later
+/// than the final's and is applied at once. (The status is passed for the record; the time
+/// decides.)
+pub async fn settled_sends(
+    pool: &PgPool,
+    matched: &[(Uuid, String, DateTime<Utc>)],
+) -> Result<Vec<Option<DateTime<Utc>>>, StoreError> {
+    if matched.is_empty() {
+        return Ok(Vec::new());
+    }
+    let messages: Vec<Uuid> = matched.iter().map(|m| m.0).collect();
+    let statuses: Vec<&str> = matched.iter().map(|m| m.1.as_str()).collect();
+    let times: Vec<DateTime<Utc>> = matched.iter().map(|m| m.2).collect();
+    let rows: Vec<(i64, Option<DateTime<Utc>>)> = sqlx::query_as(
+        "SELECT i.ord,
+                (SELECT max(coalesce(l.submitted_at, l.created_at)) FROM ledger l
+                 WHERE l.message_id = i.message_id)
+         FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
+              AS i(message_id, status, provider_time, ord)
+         WHERE EXISTS (SELECT 1 FROM message_events e
+                       WHERE e.message_id = i.message_id
+                         AND herald_state_rank(e.state) = 5 AND e.detail ? 'receipt_id')
+           AND NOT EXISTS (SELECT 1 FROM message_events e
+                           WHERE e.message_id = i.message_id
+                             AND herald_state_rank(e.state) = 5
+                             AND (e.detail->>'provider_time')::timestamptz >= i.provider_time)",
+    )
+    .bind(&messages)
+    .bind(&statuses)
+    .bind(&times)
+    .fetch_all(pool)
+    .await?;
+    let mut out = vec![None; matched.len()];
+    for (ord, submitted) in rows {
+        if let Some(slot) = out.get_mut((ord - 1) as usize) {
+            *slot = submitted;
+        }
+    }
+    Ok(out)
+}
+
+/// How long a receipt for a settled send (see [`settled_sends`]) waits for a newer send with
+/// its provider id before it is applied to the settled one after all (a duplicate with another
+/// time, or the provider correcting itself). Longer than a send takes from its provider call to
+/// its ledger row, through a worker that died after the call and the claim lease that re-drives
+/// it.
+pub const SUPERSEDED_HOLD: Duration = Duration::from_secs(300);
+
 /// How far the provider's clock may run behind PostgreSQL's: a receipt stamped up to this long
 /// (plus its timestamp's resolution) before its effect's first attempt started still belongs
 /// to it. A gateway must not reuse a provider id within this long plus its timestamps'
@@ -192,6 +245,9 @@ pub struct ReceiptToHold {
     pub provider_id: String,
     /// The latest moment the provider can have written it (stated time plus resolution).
     pub provider_time: DateTime<Utc>,
+    /// Held although a recorded send matches: that send (submitted at this time) is settled by
+    /// another final receipt. `None`: no recorded send matches.
+    pub superseding: Option<DateTime<Utc>>,
 }
 
 /// Holds receipts no recorded send matches yet: each status job becomes DONE and its receipt
@@ -211,8 +267,9 @@ pub async fn hold_receipts(
         sqlx::query_as(
             "WITH input AS (
                  SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::bigint[], $4::text[],
-                                      $5::text[], $6::timestamptz[])
-                     AS t(partition, id, receipt_id, gateway, provider_id, provider_time)
+                                      $5::text[], $6::timestamptz[], $7::timestamptz[])
+                     AS t(partition, id, receipt_id, gateway, provider_id, provider_time,
+                          superseding)
              ), locked AS (
                  SELECT o.partition, o.id FROM outbox o JOIN input i
                      ON o.partition = i.partition AND o.id = i.id
@@ -221,15 +278,16 @@ pub async fn hold_receipts(
                  FOR UPDATE OF o
              ), done AS (
                  UPDATE outbox o SET status = 'DONE',
-                        last_error = 'held: no send with this provider id is recorded yet'
+                        last_error = 'held: no unsettled send with this provider id is recorded yet'
                  FROM locked l
                  WHERE o.partition = l.partition AND o.id = l.id
                    AND o.status IN ('PROCESSING', 'PUBLISHED')
                  RETURNING o.partition, o.id
              ), held AS (
                  INSERT INTO held_receipts (receipt_id, gateway, provider_id, provider_time,
-                                            partition)
-                 SELECT i.receipt_id, i.gateway, i.provider_id, i.provider_time, i.partition
+                                            partition, superseding)
+                 SELECT i.receipt_id, i.gateway, i.provider_id, i.provider_time, i.partition,
+                        i.superseding
                  FROM input i JOIN done d ON d.partition = i.partition AND d.id = i.id
                  ON CONFLICT (receipt_id) DO NOTHING
              )
@@ -256,6 +314,7 @@ pub async fn hold_receipts(
                 .collect::<Vec<_>>(),
         )
         .bind(sorted.iter().map(|r| r.provider_time).collect::<Vec<_>>())
+        .bind(sorted.iter().map(|r| r.superseding).collect::<Vec<_>>())
         .fetch_all(pool),
     )
     .await?;
@@ -266,30 +325,44 @@ pub async fn hold_receipts(
 }
 
 /// Queues a new status job for every held receipt a ledger row now matches (at most `limit`),
-/// and stops holding it, in one statement; rows another worker is releasing are skipped.
-/// Answers the partition of each job queued, to wake their pollers.
+/// and stops holding it, in one statement; rows another worker is releasing are skipped. A
+/// receipt held against a settled send is released when a newer send with its provider id is
+/// recorded, or, after [`SUPERSEDED_HOLD`], marked `as_duplicate` to be applied to the settled
+/// send. Answers the partition of each job queued, to wake their pollers.
 pub async fn release_held_receipts(pool: &PgPool, limit: i64) -> Result<Vec<u32>, StoreError> {
     let partitions: Vec<i32> = measured(
         Operation::Hold,
         sqlx::query_scalar(
-            "WITH matched AS (
-                 SELECT h.receipt_id FROM held_receipts h
-                 WHERE EXISTS (
-                     SELECT 1 FROM ledger l
-                     WHERE l.gateway = h.gateway AND l.provider_id = h.provider_id
-                       AND coalesce(l.submitted_at, l.created_at)
-                           <= h.provider_time + make_interval(secs => $2))
-                 ORDER BY h.held_at
+            "WITH candidates AS (
+                 SELECT h.receipt_id,
+                        EXISTS (
+                            SELECT 1 FROM ledger l
+                            WHERE l.gateway = h.gateway AND l.provider_id = h.provider_id
+                              AND coalesce(l.submitted_at, l.created_at)
+                                  > coalesce(h.superseding, '-infinity')
+                              AND coalesce(l.submitted_at, l.created_at)
+                                  <= h.provider_time + make_interval(secs => $2)) AS recorded,
+                        h.superseding IS NOT NULL
+                            AND h.held_at < now() - make_interval(secs => $4) AS waited_out,
+                        h.held_at
+                 FROM held_receipts h
+             ), matched AS (
+                 SELECT h.receipt_id, NOT c.recorded AS as_duplicate
+                 FROM held_receipts h JOIN candidates c USING (receipt_id)
+                 WHERE c.recorded OR c.waited_out
+                 ORDER BY c.held_at
                  LIMIT $1
-                 FOR UPDATE SKIP LOCKED
+                 FOR UPDATE OF h SKIP LOCKED
              ), released AS (
                  DELETE FROM held_receipts h USING matched m
                  WHERE h.receipt_id = m.receipt_id
-                 RETURNING h.receipt_id, h.partition, h.held_at
+                 RETURNING h.receipt_id, h.partition, h.held_at, m.as_duplicate
              ), queued AS (
                  INSERT INTO outbox (partition, job_type, payload)
                  SELECT partition, $3,
                         jsonb_build_object('receipt_id', receipt_id, 'held_since', held_at)
+                        || CASE WHEN as_duplicate THEN '{\"as_duplicate\": true}'::jsonb
+                                ELSE '{}'::jsonb END
                  FROM released ORDER BY receipt_id
                  RETURNING partition
              )
@@ -298,6 +371,7 @@ pub async fn release_held_receipts(pool: &PgPool, limit: i64) -> Result<Vec<u32>
         .bind(limit)
         .bind(RECEIPT_CLOCK_SKEW.as_secs_f64())
         .bind(JobType::Status.as_str())
+        .bind(SUPERSEDED_HOLD.as_secs_f64())
         .fetch_all(pool),
     )
     .await?;
@@ -325,7 +399,8 @@ pub async fn park_expired_held(
              )
              INSERT INTO parking (job_type, receipt_id, raw, reason)
              SELECT $3, e.receipt_id, r.raw,
-                    format('no send through gateway %s with provider id %s was recorded                             while the receipt was held (since %s)',
+                    format('no send through gateway %s with provider id %s was recorded \
+                            while the receipt was held (since %s)',
                            e.gateway, e.provider_id, e.held_at)
              FROM expired e JOIN receipts r ON r.id = e.receipt_id",
         )

@@ -17,8 +17,8 @@ use herald_core::MessageState;
 use herald_queue::Delivery;
 use herald_store::receipts::{
     apply_receipts, count_held, hold_receipts, load_receipts, mark_silent_unknown,
-    messages_for_receipts, park, park_expired_held, release_held_receipts, ReceiptToApply,
-    ReceiptToHold, StoredReceipt,
+    messages_for_receipts, park, park_expired_held, release_held_receipts, settled_sends,
+    ReceiptToApply, ReceiptToHold, StoredReceipt,
 };
 use herald_store::wakeups::Wakeups;
 use herald_store::StoreError;
@@ -55,9 +55,16 @@ struct Mapped<'a> {
     /// The latest moment the provider can have written the receipt, by its own clock: the
     /// time it states plus that timestamp's resolution.
     written_by: chrono::DateTime<chrono::Utc>,
+    /// The status and time the provider states, to tell a copy of a final receipt from a
+    /// receipt for a newer send that reused the provider id.
+    provider_status: String,
+    provider_time: chrono::DateTime<chrono::Utc>,
     state: MessageState,
     detail: serde_json::Value,
 }
+
+/// A matched message, with the status and time its receipt states.
+type SettledCheck = (uuid::Uuid, String, chrono::DateTime<chrono::Utc>);
 
 /// Where one job of a batch stands.
 enum Step<'a> {
@@ -170,9 +177,39 @@ impl StatusHandler {
                 Step::Finished(_) => None,
             })
             .collect();
-        let mut found = messages_for_receipts(&self.pool, &lookups)
-            .await?
-            .into_iter();
+        let found = messages_for_receipts(&self.pool, &lookups).await?;
+        // A receipt whose matching send is already settled by another final receipt is most
+        // likely for a newer send that reused the provider id and is not recorded yet: it is
+        // held, unless it already waited that way for the whole window (`as_duplicate`).
+        let mapped: Vec<(&Job, &Mapped)> = jobs
+            .iter()
+            .zip(&steps)
+            .filter_map(|(job, step)| match step {
+                Step::Mapped(m) => Some((*job, m)),
+                Step::Finished(_) => None,
+            })
+            .collect();
+        let checks: Vec<(usize, SettledCheck)> = mapped
+            .iter()
+            .zip(&found)
+            .enumerate()
+            .filter_map(|(at, ((job, m), message))| {
+                let message = (*message)?;
+                (!as_duplicate(job))
+                    .then(|| (at, (message, m.provider_status.clone(), m.provider_time)))
+            })
+            .collect();
+        let settled = settled_sends(
+            &self.pool,
+            &checks.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>(),
+        )
+        .await?;
+        let mut superseding = vec![None; found.len()];
+        for ((at, _), submitted) in checks.iter().zip(settled) {
+            superseding[*at] = submitted;
+        }
+        let mut superseding = superseding.into_iter();
+        let mut found = found.into_iter();
         let mut to_apply = Vec::new();
         let mut to_hold = Vec::new();
         let mut ends: Vec<Option<Applied>> = Vec::with_capacity(jobs.len());
@@ -184,18 +221,24 @@ impl StatusHandler {
                 }
                 Step::Mapped(mapped) => mapped,
             };
-            let Some(message_id) = found.next().flatten() else {
-                // The send is not recorded yet: hold the receipt until it is.
-                to_hold.push(ReceiptToHold {
-                    partition: job.partition,
-                    outbox_id: job.outbox_id,
-                    receipt_id: mapped.receipt.id,
-                    gateway: mapped.receipt.gateway.clone(),
-                    provider_id: mapped.provider_id.clone(),
-                    provider_time: mapped.written_by,
-                });
-                ends.push(Some(Applied::Held));
-                continue;
+            let settled = superseding.next().flatten();
+            let message_id = match found.next().flatten() {
+                Some(message_id) if settled.is_none() => message_id,
+                // The send is not recorded yet (or only an older, settled send with this id
+                // is): hold the receipt until it is.
+                _ => {
+                    to_hold.push(ReceiptToHold {
+                        partition: job.partition,
+                        outbox_id: job.outbox_id,
+                        receipt_id: mapped.receipt.id,
+                        gateway: mapped.receipt.gateway.clone(),
+                        provider_id: mapped.provider_id.clone(),
+                        provider_time: mapped.written_by,
+                        superseding: settled,
+                    });
+                    ends.push(Some(Applied::Held));
+                    continue;
+                }
             };
             to_apply.push(ReceiptToApply {
                 partition: job.partition,
@@ -306,6 +349,8 @@ impl StatusHandler {
             receipt,
             provider_id: decoded.provider_id,
             written_by,
+            provider_status: decoded.status.clone(),
+            provider_time,
             state,
             detail,
         }))
@@ -338,6 +383,12 @@ impl StatusHandler {
 
 fn receipt_id(job: &Job) -> Option<i64> {
     job.payload.get("receipt_id").and_then(|v| v.as_i64())
+}
+
+/// A held receipt released after waiting out [`herald_store::receipts::SUPERSEDED_HOLD`]
+/// without a newer send: applied to the settled send it matches (a copy or a correction).
+fn as_duplicate(job: &Job) -> bool {
+    job.payload.get("as_duplicate").and_then(|v| v.as_bool()) == Some(true)
 }
 
 fn outcome(label: &'static str) {

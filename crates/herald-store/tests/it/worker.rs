@@ -480,6 +480,7 @@ async fn a_receipt_before_its_send_is_held_until_the_send_is_recorded() {
             gateway: "gw".to_owned(),
             provider_id: provider_id.to_owned(),
             provider_time: now,
+            superseding: None,
         })
         .collect();
     assert_eq!(hold_receipts(&pool, &hold).await.unwrap().len(), 2);
@@ -522,4 +523,166 @@ async fn a_receipt_before_its_send_is_held_until_the_send_is_recorded() {
     assert_eq!(raw, b"{\"id\":99}");
     assert!(reason.contains("provider id 99"), "{reason}");
     assert_eq!(count(&pool, "SELECT count(*) FROM held_receipts").await, 0);
+}
+
+/// Provider ids wrap: a receipt for a send that is not recorded yet must not land on an older
+/// message with the same id whose final receipt already settled it. Such a receipt is held
+/// against the settled send and released when the newer send is recorded; a copy of the
+/// settled send's own final receipt is applied at once; and one held with no newer send
+/// coming is released after the window, to be applied to the settled send as a duplicate.
+#[tokio::test]
+async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() {
+    use herald_store::receipts::{
+        accept_receipt, hold_receipts, messages_for_receipts, release_held_receipts,
+        settled_sends, ReceiptToHold,
+    };
+
+    let (_pg, pool) = migrated(4).await;
+    let older = message(1, None, "older with id 7");
+    let newer = message(1, None, "newer with id 7");
+    let unsettled = message(1, None, "no final receipt yet");
+    accept_messages(&pool, &[older.clone(), newer.clone(), unsettled.clone()])
+        .await
+        .unwrap();
+    let fence = take_over(&pool, 1, "p").await.unwrap();
+    let provider = |id: &str| ProviderReceipt {
+        gateway: "gw".to_owned(),
+        provider_id: id.to_owned(),
+    };
+    let mut owned = Vec::new();
+    for job in claim_pending(&pool, fence, 3).await.unwrap() {
+        owned.push(
+            confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
+                .await
+                .unwrap()
+                .unwrap()
+                .message_id,
+        );
+    }
+    assert_eq!(owned, vec![older.id, newer.id, unsettled.id]);
+    record_accepted(&pool, older.id, &send_effect_key(older.id), &provider("7"))
+        .await
+        .unwrap();
+    record_accepted(&pool, unsettled.id, &send_effect_key(unsettled.id), &provider("8"))
+        .await
+        .unwrap();
+    // The older send was settled by its final receipt a minute ago.
+    let settled_at = chrono::Utc::now() - chrono::Duration::minutes(1);
+    sqlx::query(
+        "INSERT INTO message_events (message_id, state, detail)
+         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', 1, 'provider_status', 'DELIVRD',
+                                                     'provider_time', $2::timestamptz))",
+    )
+    .bind(older.id)
+    .bind(settled_at)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let older_submitted: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT submitted_at FROM ledger WHERE message_id = $1")
+            .bind(older.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+
+    let now = chrono::Utc::now();
+    // The receipt for the newer send matches only the older one so far...
+    assert_eq!(
+        messages_for_receipts(&pool, &[("gw".to_owned(), "7".to_owned(), now)])
+            .await
+            .unwrap(),
+        vec![Some(older.id)]
+    );
+    // ...which is settled by an earlier final receipt. A copy of that receipt, or an
+    // intermediate one stamped before it (arriving out of order), is the settled send's own;
+    // a send without a final receipt takes its receipts as they come.
+    assert_eq!(
+        settled_sends(
+            &pool,
+            &[
+                (older.id, "DELIVRD".to_owned(), now),
+                (older.id, "DELIVRD".to_owned(), settled_at),
+                (
+                    older.id,
+                    "ENROUTE".to_owned(),
+                    settled_at - chrono::Duration::seconds(5)
+                ),
+                (unsettled.id, "DELIVRD".to_owned(), now),
+            ]
+        )
+        .await
+        .unwrap(),
+        vec![Some(older_submitted), None, None, None]
+    );
+
+    // Held against the older send: nothing releases it while the newer send is unrecorded.
+    let body = b"{\"provider_id\":\"7\",\"status\":\"DELIVRD\",\"timestamp\":1}";
+    let waits = accept_receipt(&pool, "gw", body, None, 1).await.unwrap();
+    let lingers = accept_receipt(&pool, "gw", body, None, 1).await.unwrap();
+    let jobs = claim_pending(&pool, fence, 10).await.unwrap();
+    assert_eq!(jobs.len(), 2);
+    let hold: Vec<ReceiptToHold> = jobs
+        .iter()
+        .zip([waits, lingers])
+        .map(|(job, receipt_id)| ReceiptToHold {
+            partition: 1,
+            outbox_id: job.outbox_id,
+            receipt_id,
+            gateway: "gw".to_owned(),
+            provider_id: "7".to_owned(),
+            provider_time: now,
+            superseding: Some(older_submitted),
+        })
+        .collect();
+    assert_eq!(hold_receipts(&pool, &hold).await.unwrap().len(), 2);
+    assert!(release_held_receipts(&pool, 100).await.unwrap().is_empty());
+
+    // The newer send is recorded: both are queued again and now find it.
+    record_accepted(&pool, newer.id, &send_effect_key(newer.id), &provider("7"))
+        .await
+        .unwrap();
+    assert_eq!(release_held_receipts(&pool, 100).await.unwrap(), vec![1, 1]);
+    let requeued = claim_pending(&pool, fence, 10).await.unwrap();
+    assert_eq!(requeued.len(), 2);
+    assert!(requeued.iter().all(|job| job.payload.get("as_duplicate").is_none()));
+    assert_eq!(
+        messages_for_receipts(&pool, &[("gw".to_owned(), "7".to_owned(), now)])
+            .await
+            .unwrap(),
+        vec![Some(newer.id)]
+    );
+
+    // Held against the newest send, with no newer one coming: after the window it is
+    // released to be applied to that send as a duplicate, not parked and not held forever.
+    let newer_submitted: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT submitted_at FROM ledger WHERE message_id = $1")
+            .bind(newer.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let again: Vec<ReceiptToHold> = requeued
+        .iter()
+        .zip([waits, lingers])
+        .map(|(job, receipt_id)| ReceiptToHold {
+            partition: 1,
+            outbox_id: job.outbox_id,
+            receipt_id,
+            gateway: "gw".to_owned(),
+            provider_id: "7".to_owned(),
+            provider_time: now,
+            superseding: Some(newer_submitted),
+        })
+        .take(1)
+        .collect();
+    assert_eq!(hold_receipts(&pool, &again).await.unwrap().len(), 1);
+    assert!(release_held_receipts(&pool, 100).await.unwrap().is_empty());
+    sqlx::query("UPDATE held_receipts SET held_at = now() - interval '10 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(release_held_receipts(&pool, 100).await.unwrap(), vec![1]);
+    let last = claim_pending(&pool, fence, 10).await.unwrap();
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].payload["as_duplicate"], true);
+    assert_eq!(last[0].payload["receipt_id"], waits);
 }
