@@ -533,8 +533,8 @@ async fn a_receipt_before_its_send_is_held_until_the_send_is_recorded() {
 #[tokio::test]
 async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() {
     use herald_store::receipts::{
-        accept_receipt, hold_receipts, messages_for_receipts, release_held_receipts,
-        settled_sends, ReceiptToHold,
+        accept_receipt, hold_receipts, messages_for_receipts, release_held_receipts, settled_sends,
+        ReceiptToHold,
     };
 
     let (_pg, pool) = migrated(4).await;
@@ -563,9 +563,14 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     record_accepted(&pool, older.id, &send_effect_key(older.id), &provider("7"))
         .await
         .unwrap();
-    record_accepted(&pool, unsettled.id, &send_effect_key(unsettled.id), &provider("8"))
-        .await
-        .unwrap();
+    record_accepted(
+        &pool,
+        unsettled.id,
+        &send_effect_key(unsettled.id),
+        &provider("8"),
+    )
+    .await
+    .unwrap();
     // The older send was settled by its final receipt a minute ago.
     let settled_at = chrono::Utc::now() - chrono::Duration::minutes(1);
     sqlx::query(
@@ -578,14 +583,38 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     .execute(&pool)
     .await
     .unwrap();
-    let older_submitted: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT submitted_at FROM ledger WHERE message_id = $1")
-            .bind(older.id)
+    let submitted_at = |id: uuid::Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+                "SELECT submitted_at FROM ledger WHERE message_id = $1",
+            )
+            .bind(id)
             .fetch_one(&pool)
             .await
-            .unwrap();
+            .unwrap()
+        }
+    };
+    let older_submitted = submitted_at(older.id).await;
 
     let now = chrono::Utc::now();
+    // Receipts for id 7, held against the send submitted at `superseding`.
+    let to_hold = |jobs: &[herald_core::job::Job],
+                   receipts: &[i64],
+                   superseding: chrono::DateTime<chrono::Utc>| {
+        jobs.iter()
+            .zip(receipts)
+            .map(|(job, receipt_id)| ReceiptToHold {
+                partition: 1,
+                outbox_id: job.outbox_id,
+                receipt_id: *receipt_id,
+                gateway: "gw".to_owned(),
+                provider_id: "7".to_owned(),
+                provider_time: now,
+                superseding: Some(superseding),
+            })
+            .collect::<Vec<_>>()
+    };
     // The receipt for the newer send matches only the older one so far...
     assert_eq!(
         messages_for_receipts(&pool, &[("gw".to_owned(), "7".to_owned(), now)])
@@ -621,19 +650,7 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     let lingers = accept_receipt(&pool, "gw", body, None, 1).await.unwrap();
     let jobs = claim_pending(&pool, fence, 10).await.unwrap();
     assert_eq!(jobs.len(), 2);
-    let hold: Vec<ReceiptToHold> = jobs
-        .iter()
-        .zip([waits, lingers])
-        .map(|(job, receipt_id)| ReceiptToHold {
-            partition: 1,
-            outbox_id: job.outbox_id,
-            receipt_id,
-            gateway: "gw".to_owned(),
-            provider_id: "7".to_owned(),
-            provider_time: now,
-            superseding: Some(older_submitted),
-        })
-        .collect();
+    let hold = to_hold(&jobs, &[waits, lingers], older_submitted);
     assert_eq!(hold_receipts(&pool, &hold).await.unwrap().len(), 2);
     assert!(release_held_receipts(&pool, 100).await.unwrap().is_empty());
 
@@ -644,7 +661,9 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     assert_eq!(release_held_receipts(&pool, 100).await.unwrap(), vec![1, 1]);
     let requeued = claim_pending(&pool, fence, 10).await.unwrap();
     assert_eq!(requeued.len(), 2);
-    assert!(requeued.iter().all(|job| job.payload.get("as_duplicate").is_none()));
+    assert!(requeued
+        .iter()
+        .all(|job| job.payload.get("as_duplicate").is_none()));
     assert_eq!(
         messages_for_receipts(&pool, &[("gw".to_owned(), "7".to_owned(), now)])
             .await
@@ -654,26 +673,7 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
 
     // Held against the newest send, with no newer one coming: after the window it is
     // released to be applied to that send as a duplicate, not parked and not held forever.
-    let newer_submitted: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT submitted_at FROM ledger WHERE message_id = $1")
-            .bind(newer.id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let again: Vec<ReceiptToHold> = requeued
-        .iter()
-        .zip([waits, lingers])
-        .map(|(job, receipt_id)| ReceiptToHold {
-            partition: 1,
-            outbox_id: job.outbox_id,
-            receipt_id,
-            gateway: "gw".to_owned(),
-            provider_id: "7".to_owned(),
-            provider_time: now,
-            superseding: Some(newer_submitted),
-        })
-        .take(1)
-        .collect();
+    let again = to_hold(&requeued[..1], &[waits], submitted_at(newer.id).await);
     assert_eq!(hold_receipts(&pool, &again).await.unwrap().len(), 1);
     assert!(release_held_receipts(&pool, 100).await.unwrap().is_empty());
     sqlx::query("UPDATE held_receipts SET held_at = now() - interval '10 minutes'")
