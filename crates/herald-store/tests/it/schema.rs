@@ -253,3 +253,26 @@ async fn a_migration_behind_a_long_transaction_does_not_stop_accepts() {
         pool.close().await;
     }
 }
+
+/// Every `herald migrate` (each upgrade, each Helm hook) makes sure the outbox partitions exist.
+/// With nothing to create it must take no lock a writer holds: a transaction writing to an
+/// outbox partition (an accept, a claim) neither holds the run up nor is held up by it.
+#[tokio::test]
+async fn a_migrate_with_nothing_to_do_waits_for_no_writer() {
+    use herald_store::migrate::{migrate_with_locks, LockPolicy};
+
+    let (_pg, pool) = migrated(4).await;
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO outbox (partition, job_type, payload) VALUES (2, 'send', '{}')")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let policy = LockPolicy {
+        lock_timeout: std::time::Duration::from_millis(500),
+        attempts: 1,
+    };
+    migrate_with_locks(&pool, PartitionCount::new(4).unwrap(), policy)
+        .await
+        .expect("a run with nothing to do needs no lock an open write holds");
+    writer.commit().await.unwrap();
+}
