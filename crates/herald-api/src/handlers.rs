@@ -56,18 +56,29 @@ async fn accept_one_inner(
     let mut message = validate::message(&value, "", key, false, state.partitions)?;
     message.created_by = caller.name.as_deref().map(str::to_owned);
     let first = commit_one(state, message).await?;
-    let status = if first.created {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::OK
-    };
     let location = format!("/v1/messages/{}", first.id);
-    Ok((
-        status,
+    // A replay answers what the first request was answered (202, the same id), and says it is
+    // a replay in a header and in `created`.
+    let mut response = (
+        StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
         Json(wire_message(&first)),
     )
-        .into_response())
+        .into_response();
+    if !first.created {
+        mark_replayed(&mut response);
+    }
+    Ok(response)
+}
+
+/// The header that tells a client its request was a replay of one already accepted.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+fn mark_replayed(response: &mut Response) {
+    response.headers_mut().insert(
+        header::HeaderName::from_static(IDEMPOTENT_REPLAYED),
+        header::HeaderValue::from_static("true"),
+    );
 }
 
 pub(crate) async fn accept_batch(
@@ -155,15 +166,17 @@ async fn accept_batch_inner(
         messages.push(message);
     }
     let accepted = commit_batch(state, &messages).await?;
-    let status = if accepted.iter().any(|a| a.created) {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::OK
-    };
-    let response = BatchResponse {
+    let replayed = !accepted.is_empty() && accepted.iter().all(|a| !a.created);
+    let answer = BatchResponse {
         messages: accepted.iter().map(wire_message).collect(),
     };
-    Ok((status, Json(response)).into_response())
+    // Always the first answer's status; a batch whose every message was a replay says so in the
+    // header, and each message in `created`.
+    let mut response = (StatusCode::ACCEPTED, Json(answer)).into_response();
+    if replayed {
+        mark_replayed(&mut response);
+    }
+    Ok(response)
 }
 
 /// A message and its history. A client key reads only the messages it accepted; another's

@@ -55,9 +55,15 @@ async fn idempotency_key_replays_the_same_id_and_refuses_other_content() {
     };
     let first = send(json!({"n": 1})).await.unwrap();
     assert_eq!(first.status(), 202);
+    assert!(first_replayed_header_absent(&first));
     let first: Value = first.json().await.unwrap();
     let again = send(json!({"n": 1})).await.unwrap();
-    assert_eq!(again.status(), 200);
+    assert_eq!(
+        again.status(),
+        202,
+        "a replay answers the first request's status"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
     let again: Value = again.json().await.unwrap();
     assert_eq!(again["id"], first["id"]);
     assert_eq!(again["created"], false);
@@ -69,7 +75,8 @@ async fn idempotency_key_replays_the_same_id_and_refuses_other_content() {
 }
 
 /// Concurrent single accepts share transactions (group commit), yet each request keeps its own
-/// answer: a reused key is a 409 for that request alone, a retry a 200 with the first id.
+/// answer: a reused key is a 409 for that request alone, a retry a 202 marked as a replay with
+/// the first id.
 #[tokio::test]
 async fn concurrent_single_accepts_share_commits_and_keep_their_own_answers() {
     let api = TestApi::default().await;
@@ -91,12 +98,18 @@ async fn concurrent_single_accepts_share_commits_and_keep_their_own_answers() {
     }
     let mut statuses = std::collections::BTreeMap::new();
     for response in futures::future::join_all(requests).await {
+        let response = response.unwrap();
+        let replayed = response.headers().contains_key("idempotent-replayed");
         *statuses
-            .entry(response.unwrap().status().as_u16())
+            .entry((response.status().as_u16(), replayed))
             .or_insert(0) += 1;
     }
-    // Each twice-sent pair: one 202 and, whichever came second, a 200 (same content) or a 409.
-    assert_eq!(statuses, [(200, 25), (202, 150), (409, 25)].into());
+    // Each twice-sent pair: one 202 and, whichever came second, a replayed 202 (same content)
+    // or a 409.
+    assert_eq!(
+        statuses,
+        [((202, true), 25), ((202, false), 150), ((409, false), 25)].into()
+    );
     assert_eq!(api.rows().await, (150, 150, 150));
     let transactions: i64 = sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM messages")
         .fetch_one(&api.pool)
@@ -140,16 +153,20 @@ async fn batch_answers_ids_in_order_and_is_all_or_nothing() {
     }
     assert_eq!(api.rows().await, (50, 50, 50));
 
-    // Replaying the batch answers the same ids with 200.
+    assert!(answer["messages"][0]["created"].as_bool().unwrap());
+
+    // Replaying the batch answers the same ids with the first answer's 202, marked a replay.
     let replay = api
         .post("/v1/messages/batch")
         .json(&json!({ "messages": messages }))
         .send()
         .await
         .unwrap();
-    assert_eq!(replay.status(), 200);
+    assert_eq!(replay.status(), 202);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
     let replay: Value = replay.json().await.unwrap();
     assert_eq!(replay["messages"][49]["id"].as_str().unwrap(), ids[49]);
+    assert_eq!(replay["messages"][49]["created"], false);
 
     // One bad item: 422 naming it, and nothing of the batch is written.
     let mut bad: Vec<Value> = (0..5)
@@ -270,4 +287,8 @@ async fn a_deployment_that_requires_keys_refuses_messages_without_one() {
         .await
         .unwrap();
     assert_eq!(response.status(), 202);
+}
+
+fn first_replayed_header_absent(response: &reqwest::Response) -> bool {
+    !response.headers().contains_key("idempotent-replayed")
 }

@@ -415,7 +415,8 @@ async fn a_client_key_reads_and_retries_only_its_own_messages() {
     assert_eq!(api.rows().await, before);
     // The owner's retry is answered with the stored message.
     let response = post(SHOP).send().await.unwrap();
-    assert_eq!(response.status(), 200);
+    assert_eq!(response.status(), 202);
+    assert_eq!(response.headers()["idempotent-replayed"], "true");
     assert_eq!(response.json::<Value>().await.unwrap()["id"], id.as_str());
 }
 
