@@ -2,6 +2,7 @@
 //! way back (re-drive, replay).
 
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -214,24 +215,62 @@ async fn unsplittable(
     }
 }
 
+/// `?after=<id>&limit=<n>` of the list routes: a page of rows with ids above `after`.
 #[derive(Deserialize)]
 pub(crate) struct ListQuery {
     limit: Option<i64>,
+    after: Option<i64>,
 }
 
-fn limit(query: &ListQuery) -> i64 {
-    query.limit.unwrap_or(100).clamp(1, 1000)
+/// A page's size and where it starts, or the problem with the query string.
+fn page(query: Result<Query<ListQuery>, QueryRejection>) -> Result<(i64, i64), Problem> {
+    let Query(query) = query.map_err(|rejection| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-query",
+            "The query string is not valid",
+            format!("{}: `after` is the last id of the previous page and `limit` a page size of 1 to 1000, both whole numbers", rejection.body_text()),
+        )
+    })?;
+    Ok((
+        query.after.unwrap_or(0),
+        query.limit.unwrap_or(100).clamp(1, 1000),
+    ))
 }
 
-/// `GET /v1/dead`: DEAD outbox rows, oldest first, and how many there are.
+/// The link to the page after `rows` (one more row than the page was fetched, to know), or
+/// null on the last page; `rows` is cut to the page.
+fn next_page<T>(
+    route: &str,
+    rows: &mut Vec<T>,
+    limit: i64,
+    id: impl Fn(&T) -> i64,
+) -> serde_json::Value {
+    if rows.len() as i64 <= limit {
+        return serde_json::Value::Null;
+    }
+    rows.truncate(limit as usize);
+    let last = rows.last().map(id).unwrap_or_default();
+    json!(format!("{route}?after={last}&limit={limit}"))
+}
+
+/// `GET /v1/dead`: DEAD outbox rows, oldest first, a page at a time (`?after=&limit=`, `next`
+/// links the following page), and how many there are.
 pub(crate) async fn list_dead(
     State(state): State<ApiState>,
-    Query(query): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let rows = herald_store::outbox::list_dead(&state.pool, limit(&query)).await;
+    let (after, limit) = match page(query) {
+        Ok(page) => page,
+        Err(problem) => return reject(problem),
+    };
+    let rows = herald_store::outbox::list_dead(&state.pool, after, limit + 1).await;
     let count = herald_store::outbox::count_dead(&state.pool).await;
     match (rows, count) {
-        (Ok(rows), Ok(count)) => Json(json!({ "count": count, "dead": rows })).into_response(),
+        (Ok(mut rows), Ok(count)) => {
+            let next = next_page("/v1/dead", &mut rows, limit, |row| row.id);
+            Json(json!({ "count": count, "dead": rows, "next": next })).into_response()
+        }
         (Err(err), _) | (_, Err(err)) => {
             tracing::error!(error = %err, "listing DEAD rows failed");
             reject(Problem::unavailable())
@@ -278,10 +317,17 @@ pub(crate) async fn redrive_dead(
 /// `GET /v1/parking`: parked input not replayed yet, with raw body and reason.
 pub(crate) async fn list_parked(
     State(state): State<ApiState>,
-    Query(query): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    match herald_store::receipts::list_parked(&state.pool, limit(&query)).await {
-        Ok(rows) => Json(json!({ "parked": rows })).into_response(),
+    let (after, limit) = match page(query) {
+        Ok(page) => page,
+        Err(problem) => return reject(problem),
+    };
+    match herald_store::receipts::list_parked(&state.pool, after, limit + 1).await {
+        Ok(mut rows) => {
+            let next = next_page("/v1/parking", &mut rows, limit, |row| row.id);
+            Json(json!({ "parked": rows, "next": next })).into_response()
+        }
         Err(err) => {
             tracing::error!(error = %err, "listing parked items failed");
             reject(Problem::unavailable())

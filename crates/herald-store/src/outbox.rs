@@ -454,13 +454,14 @@ pub struct DeadRow {
     pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// DEAD rows, oldest first, at most `limit`.
-pub async fn list_dead(pool: &PgPool, limit: i64) -> Result<Vec<DeadRow>, StoreError> {
+/// DEAD rows with an id above `after` (0: from the first), oldest first, at most `limit`.
+pub async fn list_dead(pool: &PgPool, after: i64, limit: i64) -> Result<Vec<DeadRow>, StoreError> {
     Ok(sqlx::query_as(
         "SELECT id, partition, job_type, message_id, attempts, last_error, created_at
-         FROM outbox WHERE status = 'DEAD' ORDER BY id LIMIT $1",
+         FROM outbox WHERE status = 'DEAD' AND id > $2 ORDER BY id LIMIT $1",
     )
     .bind(limit)
+    .bind(after)
     .fetch_all(pool)
     .await?)
 }

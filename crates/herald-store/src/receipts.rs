@@ -598,14 +598,16 @@ pub struct Parked {
     pub parked_at: DateTime<Utc>,
 }
 
-/// Parked items not replayed yet, oldest first.
-pub async fn list_parked(pool: &PgPool, limit: i64) -> Result<Vec<Parked>, StoreError> {
+/// Parked items not replayed yet with an id above `after` (0: from the first), oldest first,
+/// at most `limit`.
+pub async fn list_parked(pool: &PgPool, after: i64, limit: i64) -> Result<Vec<Parked>, StoreError> {
     let rows: Vec<ParkedRow> = sqlx::query_as(
         "SELECT p.id, p.job_type, p.receipt_id, r.gateway, p.raw, p.reason, p.parked_at
          FROM parking p LEFT JOIN receipts r ON r.id = p.receipt_id
-         WHERE p.replayed_at IS NULL ORDER BY p.id LIMIT $1",
+         WHERE p.replayed_at IS NULL AND p.id > $2 ORDER BY p.id LIMIT $1",
     )
     .bind(limit)
+    .bind(after)
     .fetch_all(pool)
     .await?;
     Ok(rows

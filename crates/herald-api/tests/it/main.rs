@@ -5,6 +5,7 @@
 mod accept;
 mod auth;
 mod errors;
+mod lists;
 mod outcome;
 mod receipts;
 
