@@ -89,11 +89,15 @@ async fn authorize(state: &ApiState, needed: Scope, mut request: Request, next: 
             "a key called a route outside its scope");
         return forbidden(key, needed);
     }
-    request.extensions_mut().insert(Caller {
+    let caller = Caller {
         name: Some(Arc::from(key.name.as_str())),
         scope: key.scope,
-    });
-    next.run(request).await
+    };
+    request.extensions_mut().insert(caller.clone());
+    let mut response = next.run(request).await;
+    // For the access log, which wraps this and sees only the response.
+    response.extensions_mut().insert(caller);
+    response
 }
 
 fn unauthorized(detail: &str) -> Response {

@@ -5,6 +5,7 @@
 //! naming the offending field; nothing is half-written. Who may call which route is decided in
 //! [`auth`]: client and operator keys, and signed receipts from providers.
 
+pub mod access;
 pub mod auth;
 mod handlers;
 pub mod metrics;
@@ -133,8 +134,8 @@ async fn accept_receipt_requests(
 
 /// The `/v1` routes, each behind its credential: client routes need a client or operator key,
 /// operator routes an operator key, and receipt routes a signature by the gateway's secret
-/// (checked over the body by their handlers). The binary merges the health and metrics routes
-/// next to them.
+/// (checked over the body by their handlers). Every request gets an id and an access-log line
+/// (`access.rs`). The binary merges the health and metrics routes next to them.
 pub fn router(state: ApiState) -> Router {
     let client = Router::new()
         .route("/v1/messages", post(handlers::accept_one))
@@ -167,5 +168,6 @@ pub fn router(state: ApiState) -> Router {
         .merge(client)
         .merge(operator)
         .merge(provider)
+        .layer(axum::middleware::from_fn(access::request_id_and_access_log))
         .with_state(state)
 }

@@ -3,6 +3,7 @@
 //! credentials run the API as a development run without any.
 
 mod accept;
+mod access;
 mod auth;
 mod errors;
 mod lists;
