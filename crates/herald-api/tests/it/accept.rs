@@ -223,14 +223,7 @@ async fn partitions_list_owner_epoch_and_backlog() {
     herald_store::leases::record_epoch(&api.pool, 3, "poller-a", taken)
         .await
         .unwrap();
-    let answer: Value = api
-        .get("/v1/partitions")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = api.get_json("/v1/partitions").await;
     let partitions = answer["partitions"].as_array().unwrap();
     assert_eq!(partitions.len(), 8);
     let busy = herald_core::partition_of("+15550100", herald_core::PartitionCount::new(8).unwrap());

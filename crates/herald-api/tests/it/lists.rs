@@ -56,14 +56,7 @@ async fn dead_rows_and_parked_items_are_listed_a_page_at_a_time() {
         dead_pages,
         vec![dead[0..2].to_vec(), dead[2..4].to_vec(), dead[4..].to_vec()]
     );
-    let whole: Value = api
-        .get("/v1/dead")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let whole = api.get_json("/v1/dead").await;
     assert_eq!(whole["count"], 5);
     assert_eq!(whole["dead"].as_array().unwrap().len(), 5);
     assert!(whole["next"].is_null(), "one page holds them all: {whole}");

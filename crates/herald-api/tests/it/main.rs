@@ -77,6 +77,11 @@ impl TestApi {
         self.client.get(format!("{}{path}", self.base))
     }
 
+    /// The JSON answer of a GET, whatever its status.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.get(path).send().await.unwrap().json().await.unwrap()
+    }
+
     /// Rows in messages, outbox and message_events.
     pub async fn rows(&self) -> (i64, i64, i64) {
         sqlx::query_as(
