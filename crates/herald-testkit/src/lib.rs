@@ -26,10 +26,35 @@ pub use role::RoleProcess;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-/// A port nobody listens on right now.
+/// Where [`free_port`] looks: below Linux's default ephemeral range (32768-60999), from which
+/// the kernel picks the local port of every outgoing connection and of `bind(0)`. A port handed
+/// out here is bound a moment later by a child process; taken from the ephemeral range, a test's
+/// client connection could take it in between (the server then fails with "Address already in
+/// use"), and `bind(0)` could hand it to two tests at once (one test's requests then reach
+/// another test's server).
+const PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A port nobody listens on right now, and that no other caller in this process was given:
+/// tests run in parallel threads of one process, each starting servers on ports from here.
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    use rand::Rng;
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut rng = rand::rng();
+    for _ in 0..1_000 {
+        let port = rng.random_range(PORTS);
+        if given.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port in {PORTS:?} after 1,000 tries")
 }
 
 /// Polls `check` every 50 ms until it succeeds or `timeout` passes; returns the last error.
