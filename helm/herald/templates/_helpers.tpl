@@ -43,8 +43,24 @@ app.kubernetes.io/part-of: herald
 herald-{{ . }}
 {{- end -}}
 
+{{/* An image reference: [registry/]repository then @digest, or :tag. The registry is the
+     image's own, else global.imageRegistry (a mirror for every image of the release).
+     Takes (dict "image" <image values> "root" $ "tag" <default tag>). */}}
+{{- define "herald.imageRef" -}}
+{{- $image := .image -}}
+{{- $registry := $image.registry | default .root.Values.global.imageRegistry -}}
+{{- $name := $image.repository -}}
+{{- if $registry }}{{ $name = printf "%s/%s" (trimSuffix "/" $registry) $name }}{{ end -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $name $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name (default .tag $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Herald's own image; its tag defaults to the chart's appVersion. */}}
 {{- define "herald.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "herald.imageRef" (dict "image" .Values.image "root" . "tag" .Chart.AppVersion) -}}
 {{- end -}}
 
 {{- define "herald.serviceAccountName" -}}
