@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod auth;
+pub mod guard;
 mod handlers;
 pub mod metrics;
 pub mod operations;
@@ -35,7 +36,16 @@ pub struct Limits {
     /// Refuse a message without an idempotency key: a retry after an unknown outcome (a lost
     /// connection during the commit) can then never store a message twice.
     pub require_idempotency_key: bool,
+    /// Longest a request may go without an answer; then 503 (`outcome-unknown` for a write,
+    /// which may still commit; `timeout` for a read).
+    pub request_timeout: std::time::Duration,
+    /// Requests per second per API key (None: unlimited).
+    pub rate_limit: Option<guard::RateLimit>,
 }
+
+/// The default of `--request-timeout`: well past a healthy commit (milliseconds) and a group's
+/// wait, well inside the 30 s a client or load balancer usually waits.
+pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -43,6 +53,8 @@ impl Default for Limits {
             max_body_bytes: 256 * 1024,
             max_batch: 1000,
             require_idempotency_key: false,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            rate_limit: None,
         }
     }
 }
@@ -62,6 +74,8 @@ pub struct ApiState {
     /// Receipts, group-committed likewise: a request is one HTTP request's receipts (one for
     /// the single endpoint, an array's for the batch endpoint), answered with their ids.
     pub receipts: GroupCommit<Vec<NewReceipt>, Vec<i64>>,
+    /// Each key's token bucket, when `limits.rate_limit` is set.
+    pub rate_limiter: Option<Arc<guard::CallerLimiter>>,
 }
 
 /// How concurrent accepts share transactions. Chosen with `herald-loadtest accept` (32
@@ -110,6 +124,9 @@ impl ApiState {
                     async move { accept_receipt_requests(&pool, &requests).await }
                 },
             ),
+            rate_limiter: limits
+                .rate_limit
+                .map(|limit| Arc::new(guard::CallerLimiter::new(limit))),
             pool,
             partitions,
             limits,
@@ -134,13 +151,18 @@ async fn accept_receipt_requests(
 
 /// The `/v1` routes, each behind its credential: client routes need a client or operator key,
 /// operator routes an operator key, and receipt routes a signature by the gateway's secret
-/// (checked over the body by their handlers). Every request gets an id and an access-log line
-/// (`access.rs`). The binary merges the health and metrics routes next to them.
+/// (checked over the body by their handlers). Client and operator keys are rate-limited per
+/// key, every request has a timeout (`guard.rs`), and every request gets an id and an
+/// access-log line (`access.rs`). The binary merges the health and metrics routes next to them.
 pub fn router(state: ApiState) -> Router {
     let client = Router::new()
         .route("/v1/messages", post(handlers::accept_one))
         .route("/v1/messages/batch", post(handlers::accept_batch))
         .route("/v1/messages/{id}", get(handlers::get_message))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::rate_limit,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_client,
@@ -151,6 +173,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/dead/{id}/redrive", post(operations::redrive_dead))
         .route("/v1/parking", get(operations::list_parked))
         .route("/v1/parking/{id}/replay", post(operations::replay_parked))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::rate_limit,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_operator,
@@ -168,6 +194,10 @@ pub fn router(state: ApiState) -> Router {
         .merge(client)
         .merge(operator)
         .merge(provider)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::request_timeout,
+        ))
         .layer(axum::middleware::from_fn(access::request_id_and_access_log))
         .with_state(state)
 }

@@ -10,6 +10,10 @@ pub const REJECTED: &str = "herald_api_rejected_total";
 pub const RECEIPTS: &str = "herald_receipts_received_total";
 /// Receipt posts refused for their signature, by reason; nothing of them was stored.
 pub const SIGNATURE_REJECTIONS: &str = "herald_receipt_signature_rejections_total";
+/// Requests of a key past `--rate-limit`, answered 429.
+pub const RATE_LIMITED: &str = "herald_api_rate_limited_total";
+/// Requests answered 503 because they had no answer within `--request-timeout`, by `kind`.
+pub const TIMEOUTS: &str = "herald_api_request_timeouts_total";
 /// Accept requests (single and batch), end to end inside the handler.
 pub const REQUEST_DURATION: &str = "herald_api_request_duration_seconds";
 /// Outbox rows still owed work (PENDING, PROCESSING, PUBLISHED), by partition.
@@ -73,6 +77,14 @@ pub fn describe() {
         SIGNATURE_REJECTIONS,
         "Receipt posts refused (401, nothing stored) because their signature does not hold, by reason."
     );
+    metrics::describe_counter!(
+        RATE_LIMITED,
+        "Requests refused with 429 because their API key is past --rate-limit (nothing written)."
+    );
+    metrics::describe_counter!(
+        TIMEOUTS,
+        "Requests answered 503 because they had no answer within --request-timeout, by kind (write: outcome unknown; read)."
+    );
     metrics::describe_histogram!(
         REQUEST_DURATION,
         metrics::Unit::Seconds,
@@ -81,7 +93,10 @@ pub fn describe() {
     for route in ["accept", "accept_batch"] {
         let _ = metrics::histogram!(REQUEST_DURATION, "route" => route);
     }
-    for counter in [ACCEPTED, REPLAYED, RECEIPTS] {
+    for kind in ["write", "read"] {
+        metrics::counter!(TIMEOUTS, "kind" => kind).increment(0);
+    }
+    for counter in [ACCEPTED, REPLAYED, RECEIPTS, RATE_LIMITED] {
         metrics::counter!(counter).increment(0);
     }
     for reason in REJECTED_REASONS {

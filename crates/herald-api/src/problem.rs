@@ -1,5 +1,7 @@
 //! RFC 9457 problem details: every error the API answers.
 
+use std::time::Duration;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -95,6 +97,49 @@ impl Problem {
             "the connection to the database broke after the write was sent, so the request may \
              be stored; retry with the same Idempotency-Key (the answer names the stored message, \
              or stores it now); a retry without a key may store it twice",
+        )
+    }
+
+    /// A write that had no answer within the request timeout: it may still commit (a message
+    /// waiting in a group commit is written with its group), so its outcome is unknown.
+    pub fn timed_out_write(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "outcome-unknown",
+            "Herald cannot tell whether the request was committed",
+            format!(
+                "the request had no answer within {}, and it may still be committed; retry with \
+                 the same Idempotency-Key (the answer names the stored message, or stores it \
+                 now); a retry without a key may store it twice",
+                humantime::format_duration(limit)
+            ),
+        )
+    }
+
+    /// A read that had no answer within the request timeout (nothing was changed).
+    pub fn timed_out_read(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            "Herald did not answer in time",
+            format!(
+                "the request had no answer within {}; nothing was changed, retry it",
+                humantime::format_duration(limit)
+            ),
+        )
+    }
+
+    /// The caller's key is past its rate limit; nothing was written.
+    pub fn rate_limited(wait: Duration) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            "Too many requests for this API key",
+            format!(
+                "this key is past its rate limit; nothing was written, retry after {} (see \
+                 Retry-After)",
+                humantime::format_duration(Duration::from_millis(wait.as_millis().max(1) as u64))
+            ),
         )
     }
 

@@ -162,6 +162,19 @@ pub struct ApiArgs {
     /// for a batch item without `idempotency_key`), so no client retry can store one twice.
     #[arg(long, env = "HERALD_API_REQUIRE_IDEMPOTENCY_KEY")]
     pub require_idempotency_key: bool,
+    /// Longest a request may go without an answer: then 503 with Retry-After (a POST is
+    /// answered `outcome-unknown`, since it may still commit; retry it with the same
+    /// Idempotency-Key).
+    #[arg(long, env = "HERALD_API_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Requests per second each client or operator key may make (a token bucket per key;
+    /// receipts are not limited); past it, 429 with Retry-After. 0: unlimited.
+    #[arg(long, env = "HERALD_API_RATE_LIMIT", default_value_t = 0)]
+    pub rate_limit: u32,
+    /// Requests a key may make at once above its rate (the bucket's size; default: one
+    /// second's worth, --rate-limit).
+    #[arg(long, env = "HERALD_API_RATE_LIMIT_BURST")]
+    pub rate_limit_burst: Option<u32>,
     /// Most single-message accepts that share one transaction (group commit); receipts are
     /// grouped likewise. Every request is still answered only after its own commit.
     #[arg(long, env = "HERALD_API_GROUP_MAX", default_value_t = herald_api::DEFAULT_GROUP.max_group)]

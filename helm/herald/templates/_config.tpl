@@ -25,6 +25,11 @@ HERALD_API_MAX_BATCH: {{ $api.maxBatch | int64 | quote }}
 HERALD_API_GROUP_MAX: {{ $api.groupMax | int64 | quote }}
 HERALD_API_GROUP_PARALLEL: {{ $api.groupParallel | int64 | quote }}
 HERALD_API_REQUIRE_IDEMPOTENCY_KEY: {{ $api.requireIdempotencyKey | toString | quote }}
+HERALD_API_REQUEST_TIMEOUT: {{ $api.requestTimeout | quote }}
+HERALD_API_RATE_LIMIT: {{ $api.rateLimit.perSecond | int64 | quote }}
+{{- if and $api.rateLimit.perSecond $api.rateLimit.burst }}
+HERALD_API_RATE_LIMIT_BURST: {{ $api.rateLimit.burst | int64 | quote }}
+{{- end }}
 HERALD_BACKLOG_GAUGE_INTERVAL: {{ $api.backlogGaugeInterval | quote }}
 HERALD_RECEIPT_SIGNATURE_WINDOW: {{ $api.auth.signatureWindow | quote }}
 {{ include "herald.config.pressure" . }}

@@ -611,6 +611,7 @@ def test_every_flag_of_every_role_can_be_set_from_values():
                 "status": {"statusAliases": ["ACKD=DELIVRD"]},
             },
             "providerSim": {"enabled": True, "refuseStatus": 404},
+            "api": {"rateLimit": {"perSecond": 100, "burst": 200}},
         },
     )
     set_by_chart: dict[str, set[str]] = {}

@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 
 use crate::{assert_problem, TestApi};
 
-const SHOP: &str = "client-key-shop-0123456789";
-const BILLING: &str = "client-key-billing-012345";
+pub(crate) const SHOP: &str = "client-key-shop-0123456789";
+pub(crate) const BILLING: &str = "client-key-billing-012345";
 const OPS: &str = "operator-key-ops-01234567";
 const GW_A: &str = "receipt-secret-gw-a-012345";
 const GW_B: &str = "receipt-secret-gw-b-012345";
@@ -27,7 +27,7 @@ fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
-fn credentials() -> Credentials {
+pub(crate) fn credentials() -> Credentials {
     Credentials::new(
         pairs(&[("shop", SHOP), ("billing", BILLING)]),
         pairs(&[("ops", OPS)]),

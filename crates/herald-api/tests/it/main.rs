@@ -6,6 +6,7 @@ mod accept;
 mod access;
 mod auth;
 mod errors;
+mod guard;
 mod lists;
 mod outcome;
 mod receipts;

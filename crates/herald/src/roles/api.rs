@@ -28,6 +28,23 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         )
         .into());
     }
+    if args.request_timeout.is_zero() {
+        return Err(ConfigError("--request-timeout must be more than 0".into()).into());
+    }
+    let rate_limit = match (
+        std::num::NonZeroU32::new(args.rate_limit),
+        args.rate_limit_burst,
+    ) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(ConfigError("--rate-limit-burst needs a --rate-limit".into()).into())
+        }
+        (Some(per_second), burst) => Some(herald_api::guard::RateLimit {
+            per_second,
+            burst: std::num::NonZeroU32::new(burst.unwrap_or(per_second.get()))
+                .ok_or_else(|| ConfigError("--rate-limit-burst must be at least 1".into()))?,
+        }),
+    };
     let credentials = credentials(&args.auth)?;
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
@@ -39,6 +56,8 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
             max_body_bytes: args.max_body_bytes,
             max_batch: args.max_batch,
             require_idempotency_key: args.require_idempotency_key,
+            request_timeout: args.request_timeout,
+            rate_limit,
         },
         credentials,
         herald_store::group::GroupSettings {
