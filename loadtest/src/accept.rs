@@ -95,6 +95,7 @@ pub async fn main(args: AcceptArgs) -> anyhow::Result<i32> {
         &PostgresOptions {
             durable: args.durable,
             max_connections: 300,
+            ..PostgresOptions::default()
         },
     )
     .await?;

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
-    WatchOptions, WatchStream,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions, WatchStream,
 };
 
 pub use membership::{LeaseHealth, Membership};
@@ -31,6 +31,24 @@ pub enum CoordError {
     BadKey { key: String, reason: String },
     #[error("the lease was lost")]
     LeaseLost,
+    #[error("etcd configuration: {0}")]
+    Config(String),
+}
+
+/// How to reach a secured etcd: TLS material and an optional user with its password.
+#[derive(Clone, Default)]
+pub struct EtcdAccess {
+    pub tls: herald_core::ClientTls,
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("tls", &self.tls)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .finish()
+    }
 }
 
 /// Who owns a partition, and since which revision.
@@ -56,10 +74,51 @@ impl Coordinator {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Self, CoordError> {
-        let options = ConnectOptions::new()
+        Self::connect_with(endpoints, prefix, timeout, &EtcdAccess::default()).await
+    }
+
+    /// Connects to `endpoints` with `access`: TLS for `https://` endpoints (trusting
+    /// `access.tls.ca`, else the system's roots, presenting its client certificate when
+    /// given) and etcd's user/password authentication when a user is given.
+    pub async fn connect_with(
+        endpoints: &[String],
+        prefix: &str,
+        timeout: Duration,
+        access: &EtcdAccess,
+    ) -> Result<Self, CoordError> {
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout)
             .with_keep_alive(Duration::from_secs(2), timeout);
+        let https = endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if https > 0 && https < endpoints.len() {
+            return Err(CoordError::Config(
+                "the etcd endpoints mix http:// and https://".into(),
+            ));
+        }
+        if https == 0 && !access.tls.is_empty() {
+            return Err(CoordError::Config(
+                "an etcd CA or client certificate is set, but the endpoints are not https://"
+                    .into(),
+            ));
+        }
+        if https > 0 {
+            let mut tls = TlsOptions::new();
+            tls = match &access.tls.ca {
+                Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
+                None => tls.with_native_roots(),
+            };
+            if let Some(identity) = &access.tls.identity {
+                tls = tls.identity(Identity::from_pem(&identity.cert, &identity.key));
+            }
+            options = options.with_tls(tls);
+        }
+        if let Some((user, password)) = &access.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
         let client = Client::connect(endpoints, Some(options)).await?;
         Ok(Self {
             client,

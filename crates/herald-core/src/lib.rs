@@ -11,6 +11,7 @@ pub mod partition;
 pub mod receipt;
 pub mod signature;
 pub mod state;
+pub mod tls;
 pub mod verdict;
 
 pub use fence::Fence;
@@ -18,3 +19,4 @@ pub use idempotency::send_effect_key;
 pub use job::JobType;
 pub use partition::{partition_of, PartitionCount};
 pub use state::{MessageState, OutboxStatus};
+pub use tls::{ClientIdentity, ClientTls};

@@ -75,10 +75,36 @@ pub const MAX_BLOCK: Duration = Duration::from_secs(2);
 impl QueueStore {
     /// Builds the pool. Connections are opened lazily, so Redis may be down at start.
     pub fn new(settings: &StoreSettings) -> Result<Self, QueueError> {
+        Self::with_tls(settings, &herald_core::ClientTls::default())
+    }
+
+    /// Builds the pool; a `rediss://` URL connects over TLS, trusting `tls.ca` (else the
+    /// system's roots) and presenting `tls.identity` when given.
+    pub fn with_tls(
+        settings: &StoreSettings,
+        tls: &herald_core::ClientTls,
+    ) -> Result<Self, QueueError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(MAX_BLOCK + Duration::from_secs(3)));
-        let manager = Manager::new_with_config(settings.url.as_str(), config)?;
+        let manager = if tls.is_empty() {
+            Manager::new_with_config(settings.url.as_str(), config)?
+        } else {
+            if !settings.url.starts_with("rediss://") {
+                return Err(QueueError::Build(
+                    "a Redis CA or client certificate is set, but the URL is not rediss://".into(),
+                ));
+            }
+            let certificates = redis::TlsCertificates {
+                client_tls: tls.identity.as_ref().map(|id| redis::ClientTlsConfig {
+                    client_cert: id.cert.clone(),
+                    client_key: id.key.clone(),
+                }),
+                root_cert: tls.ca.clone(),
+            };
+            let client = redis::Client::build_with_tls(settings.url.as_str(), certificates)?;
+            Manager::new_with_config(client.get_connection_info().clone(), config)?
+        };
         let pool = Pool::builder(manager)
             .max_size(settings.max_connections)
             .runtime(Runtime::Tokio1)

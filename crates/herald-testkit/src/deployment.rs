@@ -140,6 +140,7 @@ impl LocalDeployment {
         let pg_options = PostgresOptions {
             durable: options.durable,
             max_connections: 300,
+            ..PostgresOptions::default()
         };
         let (pg_dir, send_dir, status_dir, etcd_dir) = (
             dir.join("postgres"),

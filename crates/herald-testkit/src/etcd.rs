@@ -13,6 +13,7 @@ use crate::{free_port, wait_until};
 pub struct LocalEtcd {
     process: Managed,
     client_port: u16,
+    tls: Option<crate::tls::ServerTls>,
     data_dir: std::path::PathBuf,
     _temp: Option<tempfile::TempDir>,
 }
@@ -26,12 +27,25 @@ impl LocalEtcd {
     }
 
     pub async fn start_in(root: &Path) -> anyhow::Result<Self> {
+        Self::start_with(root, None).await
+    }
+
+    /// A server whose clients must speak TLS and present a certificate of `tls.ca`.
+    pub async fn start_tls(tls: &crate::tls::ServerTls) -> anyhow::Result<Self> {
+        let temp = tempfile::Builder::new().prefix("herald-etcd-").tempdir()?;
+        let mut etcd = Self::start_with(temp.path(), Some(tls.clone())).await?;
+        etcd._temp = Some(temp);
+        Ok(etcd)
+    }
+
+    async fn start_with(root: &Path, tls: Option<crate::tls::ServerTls>) -> anyhow::Result<Self> {
         std::fs::create_dir_all(root)?;
         let program =
             which("etcd").context("etcd is not installed: install the etcd-server package")?;
         let client_port = free_port()?;
         let peer_port = free_port()?;
-        let client = format!("http://127.0.0.1:{client_port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let args = vec![
             "--name".to_owned(),
@@ -54,6 +68,19 @@ impl LocalEtcd {
             "--log-level".to_owned(),
             "warn".to_owned(),
         ];
+        let mut args = args;
+        if let Some(tls) = &tls {
+            let path = |p: &Path| p.to_str().map(str::to_owned).context("non-UTF-8 path");
+            args.extend([
+                "--cert-file".to_owned(),
+                path(&tls.cert)?,
+                "--key-file".to_owned(),
+                path(&tls.key)?,
+                "--trusted-ca-file".to_owned(),
+                path(&tls.ca)?,
+                "--client-cert-auth".to_owned(),
+            ]);
+        }
         let process = Managed::spawn(Launch {
             program,
             args,
@@ -64,6 +91,7 @@ impl LocalEtcd {
         let etcd = Self {
             process,
             client_port,
+            tls,
             data_dir: root.join("data"),
             _temp: None,
         };
@@ -73,7 +101,20 @@ impl LocalEtcd {
 
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let url = format!("{}/health", self.endpoint());
-        let client = reqwest::Client::new();
+        let client = match &self.tls {
+            None => reqwest::Client::new(),
+            Some(tls) => {
+                // The server asks for a client certificate; present the server's own (same CA,
+                // and etcd's server certificates serve as clients too when allowed).
+                let ca = reqwest::Certificate::from_pem(&std::fs::read(&tls.ca)?)?;
+                let mut pem = std::fs::read(&tls.cert)?;
+                pem.extend(std::fs::read(&tls.key)?);
+                reqwest::Client::builder()
+                    .add_root_certificate(ca)
+                    .identity(reqwest::Identity::from_pem(&pem)?)
+                    .build()?
+            }
+        };
         wait_until("etcd", Duration::from_secs(30), || {
             let request = client.get(&url).timeout(Duration::from_secs(1));
             async move {
@@ -86,13 +127,14 @@ impl LocalEtcd {
         .with_context(|| self.process.log_tail(2000))
     }
 
-    /// The client endpoint, e.g. `http://127.0.0.1:23790`.
     pub fn pid(&self) -> Option<i32> {
         self.process.pid()
     }
 
+    /// `http://127.0.0.1:<port>`, or `https://…` for a TLS server.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     pub async fn stop(&mut self) -> anyhow::Result<()> {

@@ -13,6 +13,7 @@ pub mod process;
 pub mod prometheus;
 pub mod redis;
 pub mod role;
+pub mod tls;
 
 pub use deployment::{DeploymentOptions, LocalDeployment};
 pub use etcd::LocalEtcd;
@@ -22,6 +23,7 @@ pub use process::children_of;
 pub use prometheus::{LocalPrometheus, ScrapeJob};
 pub use redis::{LocalRedis, RedisOptions};
 pub use role::RoleProcess;
+pub use tls::{ServerTls, TestCerts};
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};

@@ -18,6 +18,8 @@ pub struct PostgresOptions {
     /// fsync and synchronous commit on (for `herald dev` and benchmarks); off for tests.
     pub durable: bool,
     pub max_connections: u32,
+    /// TLS on the server (clients may still connect without it: `pg_hba` trusts both).
+    pub tls: Option<crate::tls::ServerTls>,
 }
 
 impl Default for PostgresOptions {
@@ -25,6 +27,7 @@ impl Default for PostgresOptions {
         Self {
             durable: false,
             max_connections: 200,
+            tls: None,
         }
     }
 }
@@ -40,9 +43,14 @@ pub struct LocalPostgres {
 impl LocalPostgres {
     /// Starts a server in a fresh temporary directory.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(&PostgresOptions::default()).await
+    }
+
+    /// Starts a server with `options` in a fresh temporary directory.
+    pub async fn start_with(options: &PostgresOptions) -> anyhow::Result<Self> {
         let temp = tempfile::Builder::new().prefix("herald-pg-").tempdir()?;
         let root = temp.path().to_path_buf();
-        let mut pg = Self::start_in(&root, &PostgresOptions::default()).await?;
+        let mut pg = Self::start_in(&root, options).await?;
         pg._temp = Some(temp);
         Ok(pg)
     }
@@ -106,6 +114,32 @@ impl LocalPostgres {
             "-c".to_owned(),
             format!("max_connections={}", options.max_connections),
         ];
+        if let Some(tls) = &options.tls {
+            // The server reads its key only when the server's user owns it, mode 0600.
+            let dir = root.join("tls");
+            std::fs::create_dir_all(&dir)?;
+            for (from, name) in [
+                (&tls.cert, "server.pem"),
+                (&tls.key, "server.key"),
+                (&tls.ca, "ca.pem"),
+            ] {
+                let to = dir.join(name);
+                std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+                if let Some((uid, gid)) = user {
+                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;
+                }
+            }
+            for setting in [
+                "ssl=on".to_owned(),
+                format!("ssl_cert_file={}", path_str(&dir.join("server.pem"))?),
+                format!("ssl_key_file={}", path_str(&dir.join("server.key"))?),
+                format!("ssl_ca_file={}", path_str(&dir.join("ca.pem"))?),
+            ] {
+                args.push("-c".to_owned());
+                args.push(setting);
+            }
+        }
         if !options.durable {
             for setting in [
                 "fsync=off",

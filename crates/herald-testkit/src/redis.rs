@@ -14,12 +14,15 @@ use crate::{free_port, wait_until};
 pub struct RedisOptions {
     /// `maxmemory` in bytes; writes past it are rejected (`noeviction`), never evicted.
     pub max_memory_bytes: u64,
+    /// TLS only (no plaintext port); clients may present a certificate of the CA.
+    pub tls: Option<crate::tls::ServerTls>,
 }
 
 impl Default for RedisOptions {
     fn default() -> Self {
         Self {
             max_memory_bytes: 256 * 1024 * 1024,
+            tls: None,
         }
     }
 }
@@ -28,6 +31,7 @@ impl Default for RedisOptions {
 pub struct LocalRedis {
     process: Managed,
     port: u16,
+    tls: bool,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -49,9 +53,24 @@ impl LocalRedis {
         let port = free_port()?;
         let program = which("redis-server")
             .context("redis-server is not installed: install the redis-server package")?;
-        let args = vec![
-            "--port".to_owned(),
-            port.to_string(),
+        let mut args = match &options.tls {
+            None => vec!["--port".to_owned(), port.to_string()],
+            Some(tls) => vec![
+                "--port".to_owned(),
+                "0".to_owned(),
+                "--tls-port".to_owned(),
+                port.to_string(),
+                "--tls-cert-file".to_owned(),
+                path_string(&tls.cert)?,
+                "--tls-key-file".to_owned(),
+                path_string(&tls.key)?,
+                "--tls-ca-cert-file".to_owned(),
+                path_string(&tls.ca)?,
+                "--tls-auth-clients".to_owned(),
+                "optional".to_owned(),
+            ],
+        };
+        args.extend([
             "--bind".to_owned(),
             "127.0.0.1".to_owned(),
             "--save".to_owned(),
@@ -64,7 +83,7 @@ impl LocalRedis {
             options.max_memory_bytes.to_string(),
             "--maxmemory-policy".to_owned(),
             "noeviction".to_owned(),
-        ];
+        ]);
         let process = Managed::spawn(Launch {
             program,
             args,
@@ -75,6 +94,7 @@ impl LocalRedis {
         let redis = Self {
             process,
             port,
+            tls: options.tls.is_some(),
             _temp: None,
         };
         redis.wait_ready().await?;
@@ -83,8 +103,13 @@ impl LocalRedis {
 
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let port = self.port;
+        let tls = self.tls;
         wait_until("redis", Duration::from_secs(20), || async move {
             let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+            if tls {
+                // Listening is ready enough; the clients under test do the handshake.
+                return Ok(());
+            }
             stream.write_all(b"PING\r\n").await?;
             let mut reply = [0u8; 7];
             stream.read_exact(&mut reply).await?;
@@ -103,8 +128,10 @@ impl LocalRedis {
         self.port
     }
 
+    /// `redis://…`, or `rediss://…` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// Stops the server (its streams are gone: no persistence).
@@ -119,6 +146,10 @@ impl LocalRedis {
         self.process.start()?;
         self.wait_ready().await
     }
+}
+
+fn path_string(path: &Path) -> anyhow::Result<String> {
+    Ok(path.to_str().context("non-UTF-8 path")?.to_owned())
 }
 
 /// The first `name` on PATH (or in /usr/sbin, /usr/bin).

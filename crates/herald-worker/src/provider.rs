@@ -53,11 +53,32 @@ pub struct ProviderClient {
 
 impl ProviderClient {
     pub fn new(base_url: &str, timeout: Duration) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
+        Self::with_tls(base_url, timeout, &herald_core::ClientTls::default())
+    }
+
+    /// A client of an `https://` provider that trusts `tls.ca` besides the public roots and
+    /// presents `tls.identity` when given (mutual TLS).
+    pub fn with_tls(
+        base_url: &str,
+        timeout: Duration,
+        tls: &herald_core::ClientTls,
+    ) -> anyhow::Result<Self> {
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(2))
-            .pool_max_idle_per_host(256)
-            .build()?;
+            .pool_max_idle_per_host(256);
+        if let Some(ca) = &tls.ca {
+            for certificate in reqwest::Certificate::from_pem_bundle(ca)? {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        if let Some(identity) = &tls.identity {
+            let mut pem = identity.cert.clone();
+            pem.push(b'\n');
+            pem.extend_from_slice(&identity.key);
+            builder = builder.identity(reqwest::Identity::from_pem(&pem)?);
+        }
+        let client = builder.build()?;
         let base = base_url.trim_end_matches('/');
         let lookup_url = reqwest::Url::parse(&format!("{base}/v1/submits"))?;
         anyhow::ensure!(

@@ -152,6 +152,8 @@ pub struct ApiArgs {
     pub redis_status_url: Vec<String>,
     #[command(flatten)]
     pub pressure: PressureArgs,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsArgs,
     /// Largest request body in bytes; larger requests get 413.
     #[arg(long, env = "HERALD_API_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
     pub max_body_bytes: usize,
@@ -253,11 +255,12 @@ pub struct ApiAuthArgs {
 
 /// Arguments that hold secrets: accepted from their environment variable (or a file), and
 /// refused on a command line, where every user of the machine could read them.
-const ENVIRONMENT_ONLY: [&str; 4] = [
+const ENVIRONMENT_ONLY: [&str; 5] = [
     "client_keys",
     "operator_keys",
     "receipt_secrets",
     "runtime_role_password",
+    "etcd_password",
 ];
 
 /// Refuses a secret given as a flag, naming the variable to use instead.
@@ -340,6 +343,8 @@ pub struct QueueArgs {
     pub redis_max_connections: usize,
     #[command(flatten)]
     pub pressure: PressureArgs,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsArgs,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -352,6 +357,72 @@ pub struct PressureArgs {
     #[arg(long, env = "HERALD_QUEUE_CHECK_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub queue_check_interval: Duration,
+}
+
+/// TLS to the queue stores: `rediss://` URLs connect over TLS, trusting the system's roots
+/// unless a CA bundle is given.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct RedisTlsArgs {
+    /// CA certificates (PEM) to trust for rediss:// URLs instead of the system's roots.
+    #[arg(long, env = "HERALD_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for Redis servers that ask for one (with --redis-key-file).
+    #[arg(long, env = "HERALD_REDIS_CERT_FILE")]
+    pub redis_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --redis-cert-file.
+    #[arg(long, env = "HERALD_REDIS_KEY_FILE")]
+    pub redis_key_file: Option<PathBuf>,
+}
+
+impl RedisTlsArgs {
+    pub fn load(&self) -> Result<herald_core::ClientTls, ConfigError> {
+        client_tls(
+            "--redis",
+            self.redis_ca_file.as_deref(),
+            self.redis_cert_file.as_deref(),
+            self.redis_key_file.as_deref(),
+        )
+    }
+}
+
+/// A client's TLS material read from its files; `flag` prefixes the flags in errors.
+pub fn client_tls(
+    flag: &str,
+    ca: Option<&std::path::Path>,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) -> Result<herald_core::ClientTls, ConfigError> {
+    let read = |path: &std::path::Path, which: &str| {
+        let bytes = std::fs::read(path).map_err(|err| {
+            ConfigError(format!(
+                "{flag}-{which}-file: cannot read {}: {err}",
+                path.display()
+            ))
+        })?;
+        if !String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
+            return Err(ConfigError(format!(
+                "{flag}-{which}-file: {} holds no PEM block (-----BEGIN …)",
+                path.display()
+            )));
+        }
+        Ok(bytes)
+    };
+    let identity = match (cert, key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(herald_core::ClientIdentity {
+            cert: read(cert, "cert")?,
+            key: read(key, "key")?,
+        }),
+        _ => {
+            return Err(ConfigError(format!(
+                "{flag}-cert-file and {flag}-key-file go together: set both or neither"
+            )))
+        }
+    };
+    Ok(herald_core::ClientTls {
+        ca: ca.map(|path| read(path, "ca")).transpose()?,
+        identity,
+    })
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -379,6 +450,28 @@ pub struct PollerArgs {
     /// Key prefix of this Herald cluster in etcd.
     #[arg(long, env = "HERALD_ETCD_PREFIX", default_value = "/herald")]
     pub etcd_prefix: String,
+    /// CA certificates (PEM) to trust for https:// etcd endpoints instead of the system's
+    /// roots.
+    #[arg(long, env = "HERALD_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for an etcd that requires one (--client-cert-auth), with
+    /// --etcd-key-file.
+    #[arg(long, env = "HERALD_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert-file.
+    #[arg(long, env = "HERALD_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// etcd user, for an etcd with authentication enabled (its password from
+    /// HERALD_ETCD_PASSWORD or HERALD_ETCD_PASSWORD_FILE).
+    #[arg(long, env = "HERALD_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// Password of --etcd-user. Environment only.
+    #[arg(long, env = "HERALD_ETCD_PASSWORD", hide_env_values = true)]
+    #[serde(serialize_with = "mask_secret")]
+    pub etcd_password: Option<String>,
+    /// A file holding the etcd password, instead of HERALD_ETCD_PASSWORD.
+    #[arg(long, env = "HERALD_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
     /// TTL of the poller's etcd lease; it stops claiming after TTL/2 without a renewal.
     #[arg(long, env = "HERALD_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
@@ -439,6 +532,8 @@ pub struct WorkerArgs {
     pub redis_max_connections: usize,
     #[command(flatten)]
     pub pressure: PressureArgs,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsArgs,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, env = "HERALD_ADMIN_LISTEN", default_value = "127.0.0.1:9092")]
     pub admin_listen: SocketAddr,
@@ -456,6 +551,16 @@ pub struct WorkerArgs {
     /// send: base URL of the provider (the simulator, or a real gateway adapter).
     #[arg(long, hide_env_values = true, env = "HERALD_PROVIDER_URL")]
     pub provider_url: Option<String>,
+    /// send: CA certificates (PEM) to trust for an https:// provider, besides the public roots.
+    #[arg(long, env = "HERALD_PROVIDER_CA_FILE")]
+    pub provider_ca_file: Option<PathBuf>,
+    /// send: client certificate (PEM) for a provider that requires mutual TLS, with
+    /// --provider-key-file.
+    #[arg(long, env = "HERALD_PROVIDER_CERT_FILE")]
+    pub provider_cert_file: Option<PathBuf>,
+    /// send: private key (PEM) of --provider-cert-file.
+    #[arg(long, env = "HERALD_PROVIDER_KEY_FILE")]
+    pub provider_key_file: Option<PathBuf>,
     /// A provider call that takes longer is abandoned and retried with the same key.
     #[arg(long, env = "HERALD_PROVIDER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]

@@ -32,6 +32,9 @@ fn main() {
             std::process::exit(code);
         }
     };
+    // One TLS implementation for every client (PostgreSQL, Redis, etcd, the provider): rustls
+    // on ring. Several crates could each pick a provider; naming it once avoids the ambiguity.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

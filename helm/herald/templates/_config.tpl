@@ -35,6 +35,7 @@ HERALD_RECEIPT_SIGNATURE_WINDOW: {{ $api.auth.signatureWindow | quote }}
 {{ include "herald.config.pressure" . }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "send" "var" "HERALD_REDIS_SEND_URL") }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "status" "var" "HERALD_REDIS_STATUS_URL") }}
+{{- include "herald.config.tls" (dict "root" . "uses" (list "redis")) }}
 {{- end -}}
 
 {{- define "herald.config.poller" -}}
@@ -57,6 +58,10 @@ HERALD_POLLER_STALE_AFTER: {{ $p.staleAfter | quote }}
 {{ include "herald.config.pressure" . }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "send" "var" "HERALD_REDIS_SEND_URL") }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "status" "var" "HERALD_REDIS_STATUS_URL") }}
+{{- include "herald.config.tls" (dict "root" . "uses" (list "redis" "etcd")) }}
+{{- with .Values.etcd.auth.user }}
+HERALD_ETCD_USER: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{/* Call with (dict "root" $ "type" "send"). */}}
@@ -88,6 +93,7 @@ HERALD_STATUS_ALIASES: {{ join "," . | quote }}
 {{- end }}
 {{- end }}
 {{- include "herald.redisConfigEntry" (dict "root" .root "type" .type "var" "HERALD_REDIS_URL") }}
+{{- include "herald.config.tls" (dict "root" .root "uses" (ternary (list "redis" "provider") (list "redis") (eq .type "send"))) }}
 {{- end -}}
 
 {{- define "herald.providerSimName" -}}

@@ -2,7 +2,8 @@
      root, component (api, poller, worker-send, …), role (its values), args (list), port,
      portName, config (the role's config text, for the checksum), env (extra env entries as
      YAML text), replicas (omitted when an autoscaler owns them), grace (seconds),
-     volumes / volumeMounts (extra, as YAML text), strategy (YAML text). */}}
+     volumes / volumeMounts (extra, as YAML text), strategy (YAML text), tls (the services
+     whose TLS Secrets it mounts: postgresql, redis, etcd, provider). */}}
 {{- define "herald.deployment" -}}
 {{- $root := .root -}}
 {{- $name := printf "%s-%s" (include "herald.fullname" $root) .component -}}
@@ -65,11 +66,17 @@ spec:
             {{- toYaml $root.Values.securityContext | nindent 12 }}
           volumeMounts:
             {{- include "herald.tmpVolumeMount" . | nindent 12 }}
+            {{- with include "herald.tlsVolumeMounts" (dict "root" $root "uses" .tls) | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- with .volumeMounts }}
             {{- . | nindent 12 }}
             {{- end }}
       volumes:
         {{- include "herald.tmpVolume" . | nindent 8 }}
+        {{- with include "herald.tlsVolumes" (dict "root" $root "uses" .tls) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
         {{- with .volumes }}
         {{- . | nindent 8 }}
         {{- end }}

@@ -90,6 +90,74 @@ herald-{{ . }}
 {{- $user = $pg.runtimeRole.name -}}
 {{- end -}}
 {{- printf "postgres://%s@%s:%v/%s?sslmode=%s" (urlquery $user) $pg.host $pg.port (urlquery $pg.database) $pg.sslMode -}}
+{{- with $pg.tls }}
+{{- if .existingSecret }}
+{{- if .caKey }}&sslrootcert=/etc/herald/tls/postgresql/ca.crt{{ end }}
+{{- if .clientCertificate }}&sslcert=/etc/herald/tls/postgresql/tls.crt&sslkey=/etc/herald/tls/postgresql/tls.key{{ end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* TLS material from Secrets, mounted as files under /etc/herald/tls/<service>/ (ca.crt,
+     tls.crt, tls.key) for the services a role connects to: postgresql (named in its URL),
+     redis, etcd and provider (named by HERALD_*_FILE variables). */}}
+{{- define "herald.tlsSources" -}}
+{{- $v := .Values -}}
+{{- toYaml (dict "postgresql" $v.postgresql.tls "redis" $v.redis.tls "etcd" $v.etcd.tls "provider" $v.workers.send.providerTls) -}}
+{{- end -}}
+
+{{/* Call with (dict "root" $ "uses" (list "postgresql" "redis" …)). */}}
+{{- define "herald.tlsVolumes" -}}
+{{- $sources := include "herald.tlsSources" .root | fromYaml -}}
+{{- range .uses }}
+{{- $tls := index $sources . }}
+{{- if $tls.existingSecret }}
+- name: tls-{{ . }}
+  secret:
+    secretName: {{ $tls.existingSecret }}
+    items:
+      {{- if $tls.caKey }}
+      - key: {{ $tls.caKey }}
+        path: ca.crt
+      {{- end }}
+      {{- if $tls.clientCertificate }}
+      - key: {{ $tls.certKey }}
+        path: tls.crt
+      - key: {{ $tls.keyKey }}
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "herald.tlsVolumeMounts" -}}
+{{- $sources := include "herald.tlsSources" .root | fromYaml -}}
+{{- range .uses }}
+{{- if (index $sources .).existingSecret }}
+- name: tls-{{ . }}
+  mountPath: /etc/herald/tls/{{ . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The HERALD_<SERVICE>_{CA,CERT,KEY}_FILE variables of the services in .uses (postgresql
+     is configured through its URL instead). */}}
+{{- define "herald.config.tls" -}}
+{{- $sources := include "herald.tlsSources" .root | fromYaml -}}
+{{- range .uses }}
+{{- $tls := index $sources . }}
+{{- if and (ne . "postgresql") $tls.existingSecret }}
+{{- $var := upper . }}
+{{- if $tls.caKey }}
+HERALD_{{ $var }}_CA_FILE: {{ printf "/etc/herald/tls/%s/ca.crt" . | quote }}
+{{- end }}
+{{- if $tls.clientCertificate }}
+HERALD_{{ $var }}_CERT_FILE: {{ printf "/etc/herald/tls/%s/tls.crt" . | quote }}
+HERALD_{{ $var }}_KEY_FILE: {{ printf "/etc/herald/tls/%s/tls.key" . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Whether the roles connect as the runtime role. */}}
@@ -342,6 +410,22 @@ readinessProbe:
 {{- if and $store.auth.enabled $store.auth.password (not (regexMatch "^[A-Za-z0-9._~-]+$" $store.auth.password)) -}}
 {{- fail (printf "redis.%s.auth.password must be URL-safe (letters, digits, . _ ~ -)" $type) -}}
 {{- end -}}
+{{- end -}}
+{{- $etcdAuth := .Values.etcd.auth -}}
+{{- if and $etcdAuth.user (not $etcdAuth.existingSecret) -}}
+{{- fail "etcd.auth.user needs etcd.auth.existingSecret (its password)" -}}
+{{- end -}}
+{{- if and $etcdAuth.existingSecret (not $etcdAuth.user) -}}
+{{- fail "etcd.auth.existingSecret needs etcd.auth.user" -}}
+{{- end -}}
+{{- $tlsSources := include "herald.tlsSources" . | fromYaml -}}
+{{- range $service, $tls := $tlsSources -}}
+{{- if and $tls.existingSecret (not $tls.caKey) (not $tls.clientCertificate) -}}
+{{- fail (printf "%s TLS: existingSecret %s is mounted for nothing: set caKey or clientCertificate" $service $tls.existingSecret) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.postgresql.tls.existingSecret .Values.postgresql.existingSecretUrlKey -}}
+{{- fail "postgresql.tls needs host, port, database and user: with existingSecretUrlKey, put sslrootcert in that URL and mount the file with extraVolumes" -}}
 {{- end -}}
 {{- $runtime := .Values.postgresql.runtimeRole -}}
 {{- if and $runtime.name (not $runtime.existingSecret) -}}

@@ -484,6 +484,79 @@ def test_every_workload_is_hardened_probed_and_labelled(example):
         assert c["image"] == one(objects, "Job", full("migrate"))["spec"]["template"]["spec"]["containers"][0]["image"]
 
 
+TLS_EVERYWHERE = {
+    "postgresql": {
+        "sslMode": "verify-full",
+        "tls": {"existingSecret": "db-ca", "clientCertificate": True},
+        "runtimeRole": {"name": "herald_runtime", "existingSecret": "rt"},
+    },
+    "redis": {
+        "tls": {"existingSecret": "redis-tls", "clientCertificate": True},
+        "send": {"external": {"urls": ["rediss://redis-send.example:6380/"]}},
+        "status": {"external": {"urls": ["rediss://redis-status.example:6380/"]}},
+    },
+    "etcd": {
+        "endpoints": ["https://etcd-0.etcd:2379"],
+        "tls": {"existingSecret": "etcd-client", "clientCertificate": True},
+        "auth": {"user": "herald", "existingSecret": "etcd-herald"},
+    },
+    "workers": {"send": {"providerTls": {"existingSecret": "gw-tls"}}},
+}
+
+
+def test_tls_files_are_mounted_where_each_role_reads_them():
+    objects = render(TLS_EVERYWHERE)
+    expected = {
+        full("api"): {"postgresql", "redis"},
+        full("poller"): {"postgresql", "redis", "etcd"},
+        full("worker-send"): {"postgresql", "redis", "provider"},
+        full("worker-status"): {"postgresql", "redis"},
+        full("migrate"): {"postgresql"},
+    }
+    secrets = {"postgresql": "db-ca", "redis": "redis-tls", "etcd": "etcd-client", "provider": "gw-tls"}
+    workloads = find(objects, "Deployment") + [one(objects, "Job", full("migrate"))]
+    for workload in workloads:
+        name = workload["metadata"]["name"]
+        spec = pod_spec(workload)
+        container = spec["containers"][0]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        files = {}
+        mounted = set()
+        for mount in container.get("volumeMounts", []):
+            secret = volumes[mount["name"]].get("secret")
+            if secret is None:
+                continue
+            assert mount["readOnly"], mount
+            service = mount["mountPath"].removeprefix("/etc/herald/tls/")
+            assert secret["secretName"] == secrets[service], (name, service)
+            mounted.add(service)
+            for item in secret["items"]:
+                files[f"{mount['mountPath']}/{item['path']}"] = item["key"]
+        assert mounted == expected[name], (name, mounted)
+        env = effective_env(objects, workload)
+        referenced = [v for k, v in env.items() if k.endswith("_FILE") and isinstance(v, str)]
+        url = env.get("HERALD_DATABASE_URL", "")
+        assert "sslmode=verify-full" in url, (name, url)
+        referenced += re.findall(r"ssl(?:rootcert|cert|key)=([^&]+)", url)
+        assert len(referenced) >= 3, (name, referenced)
+        for path in referenced:
+            assert path in files, f"{name}: {path} is not a mounted file ({sorted(files)})"
+        # Client certificates only where asked for: the provider's Secret has a CA only.
+        if "provider" in mounted:
+            assert "HERALD_PROVIDER_CA_FILE" in env and "HERALD_PROVIDER_CERT_FILE" not in env
+    poller_env = effective_env(objects, one(objects, "Deployment", full("poller")))
+    assert poller_env["HERALD_ETCD_USER"] == "herald"
+    assert poller_env["HERALD_ETCD_PASSWORD"]["from"]["secretKeyRef"]["name"] == "etcd-herald"
+    # Without TLS Secrets nothing is mounted, and the URL still asks for encryption.
+    plain = render()
+    for workload in find(plain, "Deployment"):
+        assert not [v for v in pod_spec(workload)["volumes"] if "secret" in v]
+    api_env = effective_env(plain, one(plain, "Deployment", full("api")))
+    assert "sslmode=require" in api_env["HERALD_DATABASE_URL"]
+    with pytest.raises(helm.HelmRenderError, match="etcd.auth.user needs"):
+        render({"etcd": {"auth": {"user": "herald"}}})
+
+
 def images(objects: list[dict]) -> set[str]:
     return {
         c["image"]
@@ -595,7 +668,7 @@ NOT_EXPOSED: dict[str, set[str]] = {
         "HERALD_RECEIPT_SECRETS_FILE",
         "HERALD_INSECURE_DEV",
     },
-    "poller": set(),
+    "poller": {"HERALD_ETCD_PASSWORD_FILE"},
     "worker": set(),
     "provider-sim": {"HERALD_SIM_RECEIPT_SECRETS_FILE"},
     "migrate": {"HERALD_RUNTIME_ROLE_PASSWORD_FILE"},
@@ -612,8 +685,14 @@ def test_every_flag_of_every_role_can_be_set_from_values():
             },
             "providerSim": {"enabled": True, "refuseStatus": 404},
             "api": {"rateLimit": {"perSecond": 100, "burst": 200}},
+            "etcd": {
+                "tls": {"existingSecret": "etcd-client", "clientCertificate": True},
+                "auth": {"user": "herald", "existingSecret": "etcd-herald"},
+            },
+            "redis": {"tls": {"existingSecret": "redis-tls", "clientCertificate": True}},
         },
     )
+    everything["workers"]["send"]["providerTls"] = {"existingSecret": "gw-tls", "clientCertificate": True}
     set_by_chart: dict[str, set[str]] = {}
     for values in (values_of("default"), values_of("small"), values_of("large"), everything):
         objects = render(values)

@@ -141,6 +141,7 @@ async fn entries_a_consumer_left_unacknowledged_are_reclaimed_by_another_once_id
 async fn a_store_past_maxmemory_refuses_a_publish_with_an_oom_error() {
     let redis = LocalRedis::start_with(&RedisOptions {
         max_memory_bytes: 2 << 20,
+        ..RedisOptions::default()
     })
     .await
     .expect("redis");

@@ -46,6 +46,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         }),
     };
     let credentials = credentials(&args.auth)?;
+    let redis_tls = args.redis_tls.load()?;
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
@@ -79,6 +80,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
                 job_type,
                 2,
                 &args.pressure,
+                &redis_tls,
                 &monitors_cancel,
             )?);
         }

@@ -35,6 +35,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         &PostgresOptions {
             durable: true,
             max_connections: 200,
+            ..PostgresOptions::default()
         },
     )
     .await?;

@@ -68,12 +68,13 @@ pub fn monitored_stores(
     job_type: JobType,
     max_connections: usize,
     pressure: &crate::cli::PressureArgs,
+    tls: &herald_core::ClientTls,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Vec<MonitoredStore>> {
     if !(0.0 < pressure.queue_full_threshold && pressure.queue_full_threshold <= 1.0) {
         return Err(ConfigError("--queue-full-threshold must be within (0, 1]".into()).into());
     }
-    Ok(queue_stores(urls, job_type, max_connections)?
+    Ok(queue_stores(urls, job_type, max_connections, tls)?
         .into_iter()
         .map(|store| {
             MonitoredStore::start(
@@ -107,11 +108,12 @@ pub fn database_and_pressure_ready(pool: PgPool, stores: Vec<MonitoredStore>) ->
     })
 }
 
-/// One queue store per shard URL of `job_type`.
+/// One queue store per shard URL of `job_type`; `rediss://` URLs connect with `tls`.
 pub fn queue_stores(
     urls: &[String],
     job_type: JobType,
     max_connections: usize,
+    tls: &herald_core::ClientTls,
 ) -> anyhow::Result<Vec<QueueStore>> {
     if urls.is_empty() {
         return Err(ConfigError(format!("no Redis URL for job type {job_type}")).into());
@@ -119,12 +121,15 @@ pub fn queue_stores(
     urls.iter()
         .enumerate()
         .map(|(shard, url)| {
-            QueueStore::new(&StoreSettings {
-                url: url.trim().to_owned(),
-                job_type,
-                shard: shard as u32,
-                max_connections,
-            })
+            QueueStore::with_tls(
+                &StoreSettings {
+                    url: url.trim().to_owned(),
+                    job_type,
+                    shard: shard as u32,
+                    max_connections,
+                },
+                tls,
+            )
             .map_err(|err| {
                 ConfigError(format!("Redis URL {}: {err}", crate::cli::masked_url(url))).into()
             })

@@ -31,6 +31,9 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         )
         .into());
     }
+    // Every file is read before anything connects: a bad one is a configuration error.
+    let redis_tls = args.queue.redis_tls.load()?;
+    let etcd_access = etcd_access(&args)?;
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&args.database).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
@@ -41,6 +44,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         JobType::Send,
         queue.redis_max_connections,
         pressure,
+        &redis_tls,
         &admin_cancel,
     )?;
     let status_stores = super::monitored_stores(
@@ -48,6 +52,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         JobType::Status,
         queue.redis_max_connections,
         pressure,
+        &redis_tls,
         &admin_cancel,
     )?;
     let redis: Vec<_> = send_stores
@@ -104,10 +109,11 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         tracing::info!(%owner, partitions = fences.len(), "no etcd configured: owning every partition");
         poller.run_static(fences, cancel).await
     } else {
-        let coord = Coordinator::connect(
+        let coord = Coordinator::connect_with(
             &args.etcd_endpoints,
             &args.etcd_prefix,
             std::time::Duration::from_secs(2),
+            &etcd_access,
         )
         .await
         .map_err(|err| anyhow::anyhow!("cannot reach etcd at {:?}: {err}", args.etcd_endpoints))?;
@@ -128,4 +134,35 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
     let _ = admin_task.await;
     tracing::info!("poller stopped");
     result
+}
+
+/// TLS material and the user for etcd, from their files and variables.
+fn etcd_access(args: &PollerArgs) -> anyhow::Result<herald_coord::EtcdAccess> {
+    let tls = crate::cli::client_tls(
+        "--etcd",
+        args.etcd_ca_file.as_deref(),
+        args.etcd_cert_file.as_deref(),
+        args.etcd_key_file.as_deref(),
+    )?;
+    let password = crate::cli::read_secret(
+        args.etcd_password.as_deref(),
+        args.etcd_password_file.as_deref(),
+        "HERALD_ETCD_PASSWORD",
+    )?;
+    let user = match (&args.etcd_user, password) {
+        (None, None) => None,
+        (Some(user), Some(password)) => Some((user.clone(), password)),
+        (Some(_), None) => {
+            return Err(ConfigError(
+                "--etcd-user needs HERALD_ETCD_PASSWORD or HERALD_ETCD_PASSWORD_FILE".into(),
+            )
+            .into())
+        }
+        (None, Some(_)) => {
+            return Err(
+                ConfigError("HERALD_ETCD_PASSWORD is set without --etcd-user".into()).into(),
+            )
+        }
+    };
+    Ok(herald_coord::EtcdAccess { tls, user })
 }

@@ -48,14 +48,24 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
     send_settings
         .validate()
         .map_err(|err| ConfigError(format!("--claim-lease / --max-attempts: {err}")))?;
+    // Every file is read before anything connects: a bad one is a configuration error.
+    let redis_tls = args.redis_tls.load()?;
     let provider = match (args.job_type, &args.provider_url) {
         (JobType::Send, None) => {
             return Err(ConfigError("--provider-url is required for --job-type send".into()).into())
         }
-        (JobType::Send, Some(url)) => Some(
-            ProviderClient::new(url, args.provider_timeout)
-                .map_err(|err| ConfigError(format!("--provider-url: {err}")))?,
-        ),
+        (JobType::Send, Some(url)) => {
+            let tls = crate::cli::client_tls(
+                "--provider",
+                args.provider_ca_file.as_deref(),
+                args.provider_cert_file.as_deref(),
+                args.provider_key_file.as_deref(),
+            )?;
+            Some(
+                ProviderClient::with_tls(url, args.provider_timeout, &tls)
+                    .map_err(|err| ConfigError(format!("--provider-url: {err:#}")))?,
+            )
+        }
         (JobType::Status, _) => None,
     };
     let metrics = telemetry::init_metrics()?;
@@ -66,6 +76,7 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         args.job_type,
         args.redis_max_connections,
         &args.pressure,
+        &redis_tls,
         &admin_cancel,
     )?
     .into_iter()

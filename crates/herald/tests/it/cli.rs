@@ -121,6 +121,45 @@ fn bad_configuration_exits_64_with_the_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("partition count"));
 }
 
+/// TLS files that cannot work are refused before anything connects, naming the flag.
+#[test]
+fn unusable_tls_files_exit_64_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("ca.txt");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+    let base = [
+        "worker",
+        "--job-type",
+        "send",
+        "--database-url",
+        "postgres://127.0.0.1:1/x",
+        "--redis-url",
+        "rediss://127.0.0.1:1/",
+        "--provider-url",
+        "https://127.0.0.1:1",
+    ];
+    for (extra, says) in [
+        (
+            vec!["--redis-ca-file", "/nonexistent/ca.pem"],
+            "--redis-ca-file: cannot read",
+        ),
+        (vec!["--redis-ca-file", not_pem], "holds no PEM block"),
+        (
+            vec!["--redis-cert-file", not_pem],
+            "--redis-cert-file and --redis-key-file go together",
+        ),
+        (vec!["--provider-ca-file", not_pem], "--provider-ca-file"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(extra.iter().copied());
+        let out = herald(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn print_config_masks_passwords() {
     let out = std::process::Command::new(HERALD)

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use herald_testkit::{
-    free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, RedisOptions, RoleProcess,
+    free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
+    RoleProcess, TestCerts,
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -36,6 +37,10 @@ pub struct Options {
     pub send_shards: usize,
     /// `maxmemory` of the send store (shard 0).
     pub send_max_memory: Option<u64>,
+    /// PostgreSQL, both Redis and etcd speak TLS only (PostgreSQL also plaintext, for the
+    /// test's own queries): every role connects with `verify-full`, `rediss://` and `https://`,
+    /// trusting the test CA and presenting a client certificate to Redis and etcd.
+    pub tls: bool,
 }
 
 impl Default for Options {
@@ -50,6 +55,7 @@ impl Default for Options {
             fleet: false,
             send_shards: 1,
             send_max_memory: None,
+            tls: false,
         }
     }
 }
@@ -78,18 +84,43 @@ pub struct Deployment {
     /// Sends the operator key with every request.
     pub client: reqwest::Client,
     pub logs: tempfile::TempDir,
+    /// The certificates of a TLS deployment.
+    pub certs: Option<TestCerts>,
 }
 
 impl Deployment {
     pub async fn start(options: Options) -> Self {
+        let logs = tempfile::Builder::new()
+            .prefix("herald-it-")
+            .tempdir()
+            .unwrap();
+        let certs = options
+            .tls
+            .then(|| TestCerts::generate(&logs.path().join("certs")).expect("certificates"));
+        let server_tls = certs.as_ref().map(TestCerts::server);
         let send_options = RedisOptions {
             max_memory_bytes: options.send_max_memory.unwrap_or(256 << 20),
+            tls: server_tls.clone(),
+        };
+        let status_options = RedisOptions {
+            tls: server_tls.clone(),
+            ..RedisOptions::default()
+        };
+        let pg_options = PostgresOptions {
+            tls: server_tls.clone(),
+            ..PostgresOptions::default()
+        };
+        let etcd = async {
+            match &server_tls {
+                Some(tls) => LocalEtcd::start_tls(tls).await,
+                None => LocalEtcd::start().await,
+            }
         };
         let (pg, redis, status_redis, etcd) = tokio::join!(
-            LocalPostgres::start(),
+            LocalPostgres::start_with(&pg_options),
             LocalRedis::start_with(&send_options),
-            LocalRedis::start(),
-            LocalEtcd::start()
+            LocalRedis::start_with(&status_options),
+            etcd
         );
         let (pg, redis, status_redis, etcd) = (
             pg.expect("postgres"),
@@ -98,9 +129,17 @@ impl Deployment {
             etcd.expect("etcd"),
         );
         let database_url = pg.create_database("herald").await.expect("database");
+        // Roles (and the migration) verify the server's certificate and name.
+        let verified = |url: &str| match &certs {
+            Some(certs) => format!(
+                "{url}?sslmode=verify-full&sslrootcert={}",
+                certs.ca.display()
+            ),
+            None => url.to_owned(),
+        };
         let keys = DeploymentKeys::generate();
         let status = tokio::process::Command::new(HERALD)
-            .args(["migrate", "--database-url", &database_url])
+            .args(["migrate", "--database-url", &verified(&database_url)])
             .args(["--partitions", &options.partitions.to_string()])
             .envs(keys.migrate_env())
             .status()
@@ -111,10 +150,6 @@ impl Deployment {
             .max_connections(4)
             .connect(&database_url)
             .await
-            .unwrap();
-        let logs = tempfile::Builder::new()
-            .prefix("herald-it-")
-            .tempdir()
             .unwrap();
         let port = || free_port().unwrap();
         let (api_port, sim_port, worker_port, status_port) = (port(), port(), port(), port());
@@ -133,13 +168,14 @@ impl Deployment {
             redis,
             more_redis: Vec::new(),
             etcd,
-            runtime_database_url: keys.runtime_url(&database_url).unwrap(),
+            runtime_database_url: verified(&keys.runtime_url(&database_url).unwrap()),
             database_url,
             pool,
             roles: Vec::new(),
             client: keys.operator_client().unwrap(),
             keys,
             logs,
+            certs,
         };
         for _ in 1..options.send_shards {
             deployment
@@ -250,6 +286,20 @@ impl Deployment {
         ];
         let subcommand = args.first().map(String::as_str).unwrap_or_default();
         env.extend(self.keys.env_for(subcommand));
+        if let Some(certs) = &self.certs {
+            for service in ["REDIS", "ETCD"] {
+                for (file, path) in [
+                    ("CA", &certs.ca),
+                    ("CERT", &certs.client_cert),
+                    ("KEY", &certs.client_key),
+                ] {
+                    env.push((
+                        format!("HERALD_{service}_{file}_FILE"),
+                        path.display().to_string(),
+                    ));
+                }
+            }
+        }
         let role = RoleProcess::spawn(
             PathBuf::from(HERALD).as_path(),
             name,

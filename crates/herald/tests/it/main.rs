@@ -10,6 +10,7 @@ mod fleet;
 mod observability;
 mod pipeline;
 mod rules;
+mod tls;
 mod wait;
 
 pub use deployment::{Deployment, Options};
