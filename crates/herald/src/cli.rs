@@ -128,9 +128,20 @@ pub struct MigrateArgs {
 pub struct ApiArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
-    /// Address the API (and its /healthz, /readyz, /metrics) listens on.
+    /// Address the API listens on: the /v1 routes, /healthz and /readyz (and /metrics
+    /// unless --admin-listen is given).
     #[arg(long, env = "HERALD_API_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Address of /healthz, /readyz and /metrics apart from the API's own port, so metrics
+    /// are not served to the API's clients (the chart sets it).
+    #[arg(long, env = "HERALD_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// On SIGTERM, keep serving this long with /readyz answering 503, so load balancers take
+    /// this replica out before it stops accepting; then finish in-flight requests and exit.
+    /// Set it above the time your load balancer or Kubernetes takes to drop an endpoint.
+    #[arg(long, env = "HERALD_API_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub shutdown_delay: Duration,
     /// The send job type's queue store shards. Not on the accept path: `/readyz` turns false
     /// when one is full or unreachable, so traffic moves to a healthy deployment.
     #[arg(

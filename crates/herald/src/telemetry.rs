@@ -104,7 +104,7 @@ pub fn spawn_role_gauges(watched: Watched, interval: Duration, cancel: Cancellat
         loop {
             let ready = matches!(
                 tokio::time::timeout(Duration::from_secs(2), (watched.readiness)()).await,
-                Ok(Ok(()))
+                Ok(Ok(_))
             );
             metrics::gauge!(READY, "role" => watched.role).set(if ready { 1.0 } else { 0.0 });
             if let Some(pool) = &watched.postgres {
@@ -139,8 +139,35 @@ pub fn spawn_role_gauges(watched: Watched, interval: Duration, cancel: Cancellat
 pub const ROLE_GAUGE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// A readiness check: `Err(reason)` turns `/readyz` into 503 with the reason.
-pub type Readiness =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+/// A role's readiness check: `Ok(notes)` when it can serve (notes: what an operator should know,
+/// e.g. a full queue store the API does not need), `Err(reason)` when it cannot.
+pub type Readiness = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<Vec<String>, String>> + Send>> + Send + Sync,
+>;
+
+/// `/healthz` and `/readyz` without `/metrics`, for a port the API's clients reach.
+pub fn probe_router(readiness: Readiness) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let readiness = readiness.clone();
+                async move { readiness_answer(readiness().await) }
+            }),
+        )
+}
+
+fn readiness_answer(answer: Result<Vec<String>, String>) -> (StatusCode, String) {
+    match answer {
+        Ok(notes) if notes.is_empty() => (StatusCode::OK, "ready\n".to_owned()),
+        Ok(notes) => (StatusCode::OK, format!("ready; {}\n", notes.join("; "))),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        ),
+    }
+}
 
 /// `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`.
 pub fn admin_router(handle: PrometheusHandle, role: &'static str, readiness: Readiness) -> Router {
@@ -152,14 +179,10 @@ pub fn admin_router(handle: PrometheusHandle, role: &'static str, readiness: Rea
                 let readiness = readiness.clone();
                 async move {
                     let answer = tokio::time::timeout(Duration::from_secs(2), readiness()).await;
-                    let ready = matches!(answer, Ok(Ok(())));
+                    let ready = matches!(answer, Ok(Ok(_)));
                     metrics::gauge!(READY, "role" => role).set(if ready { 1.0 } else { 0.0 });
                     match answer {
-                        Ok(Ok(())) => (StatusCode::OK, "ready\n".to_owned()),
-                        Ok(Err(reason)) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("not ready: {reason}\n"),
-                        ),
+                        Ok(answer) => readiness_answer(answer),
                         Err(_) => (
                             StatusCode::SERVICE_UNAVAILABLE,
                             "not ready: checks timed out\n".to_owned(),

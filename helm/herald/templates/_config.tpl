@@ -20,6 +20,8 @@ HERALD_QUEUE_CHECK_INTERVAL: {{ .Values.queueCheckInterval | quote }}
 {{- $api := .Values.api -}}
 {{- include "herald.config.database" (dict "root" . "pool" $api.databaseMaxConnections "runtime" true) }}
 HERALD_API_LISTEN: {{ printf "0.0.0.0:%v" $api.port | quote }}
+HERALD_ADMIN_LISTEN: {{ printf "0.0.0.0:%v" $api.adminPort | quote }}
+HERALD_API_SHUTDOWN_DELAY: {{ printf "%vs" $api.shutdownDelaySeconds | quote }}
 HERALD_API_MAX_BODY_BYTES: {{ $api.maxBodyBytes | int64 | quote }}
 HERALD_API_MAX_BATCH: {{ $api.maxBatch | int64 | quote }}
 HERALD_API_GROUP_MAX: {{ $api.groupMax | int64 | quote }}

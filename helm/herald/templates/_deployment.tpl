@@ -1,6 +1,6 @@
 {{/* One Herald role's Deployment. Call with a dict:
      root, component (api, poller, worker-send, …), role (its values), args (list), port,
-     portName, config (the role's config text, for the checksum), env (extra env entries as
+     portName, adminPort (optional: a second port named admin, where the probes go), config (the role's config text, for the checksum), env (extra env entries as
      YAML text), replicas (omitted when an autoscaler owns them), grace (seconds),
      volumes / volumeMounts (extra, as YAML text), strategy (YAML text), tls (the services
      whose TLS Secrets it mounts: postgresql, redis, etcd, provider). */}}
@@ -46,6 +46,11 @@ spec:
             - name: {{ .portName }}
               containerPort: {{ .port }}
               protocol: TCP
+            {{- with .adminPort }}
+            - name: admin
+              containerPort: {{ . }}
+              protocol: TCP
+            {{- end }}
           envFrom:
             - configMapRef:
                 name: {{ $name }}
@@ -59,7 +64,15 @@ spec:
             {{- toYaml . | nindent 12 }}
             {{- end }}
           {{- end }}
-          {{- include "herald.probes" .portName | nindent 10 }}
+          {{- include "herald.probes" (ternary "admin" .portName (not (empty .adminPort))) | nindent 10 }}
+          {{- with .preStopSeconds }}
+          lifecycle:
+            # Belt and braces with the API's own --shutdown-delay: the kubelet waits before
+            # sending SIGTERM, so a replica leaves the endpoints before anything changes.
+            preStop:
+              sleep:
+                seconds: {{ . }}
+          {{- end }}
           resources:
             {{- toYaml .role.resources | nindent 12 }}
           securityContext:
@@ -113,4 +126,10 @@ spec:
       port: {{ default .port .servicePort }}
       targetPort: {{ .portName }}
       protocol: TCP
+    {{- with .adminPort }}
+    - name: admin
+      port: {{ . }}
+      targetPort: admin
+      protocol: TCP
+    {{- end }}
 {{- end -}}

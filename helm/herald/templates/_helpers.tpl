@@ -393,6 +393,13 @@ readinessProbe:
 {{- if le (int $p.terminationGracePeriodSeconds) (add (int $p.drainTimeoutSeconds) 5 | int) -}}
 {{- fail (printf "poller.terminationGracePeriodSeconds (%v) must exceed poller.drainTimeoutSeconds (%v) by more than 5 s, or Kubernetes kills a poller before it released its partitions" $p.terminationGracePeriodSeconds $p.drainTimeoutSeconds) -}}
 {{- end -}}
+{{- $api := .Values.api -}}
+{{- if le (int $api.terminationGracePeriodSeconds) (add (int $api.shutdownDelaySeconds) (int $api.preStopSeconds) 5 | int) -}}
+{{- fail (printf "api.terminationGracePeriodSeconds (%v) must exceed api.preStopSeconds (%v) plus api.shutdownDelaySeconds (%v) by more than 5 s, or Kubernetes kills the API before it finished its in-flight requests" $api.terminationGracePeriodSeconds $api.preStopSeconds $api.shutdownDelaySeconds) -}}
+{{- end -}}
+{{- if eq (int $api.port) (int $api.adminPort) -}}
+{{- fail "api.port and api.adminPort must differ" -}}
+{{- end -}}
 {{- if gt (int $p.autoscaling.minReplicas) (int $p.autoscaling.maxReplicas) -}}
 {{- fail "poller.autoscaling.minReplicas must not exceed maxReplicas" -}}
 {{- end -}}

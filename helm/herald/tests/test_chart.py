@@ -478,7 +478,8 @@ def test_every_workload_is_hardened_probed_and_labelled(example):
                 assert c.get("livenessProbe") and c.get("readinessProbe"), name
     for d in find(objects, "Deployment"):
         c = pod_spec(d)["containers"][0]
-        port = c["ports"][0]["name"]
+        # The probes go to the admin port where there is one (the API's), else the only port.
+        port = c["ports"][-1]["name"]
         assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
         assert c["image"] == one(objects, "Job", full("migrate"))["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -606,10 +607,39 @@ def test_each_role_listens_where_its_probes_and_service_look():
         ("provider-sim", "HERALD_SIM_LISTEN"),
     ):
         d = one(objects, "Deployment", full(component))
-        port = pod_spec(d)["containers"][0]["ports"][0]
-        assert effective_env(objects, d)[var] == f"0.0.0.0:{port['containerPort']}"
+        container = pod_spec(d)["containers"][0]
+        port = container["ports"][0]
+        env = effective_env(objects, d)
+        assert env[var] == f"0.0.0.0:{port['containerPort']}"
         svc = one(objects, "Service", full(component))
         assert svc["spec"]["ports"][0]["targetPort"] == port["name"]
+        # The probes and /metrics are on the admin port wherever a role has one.
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        probed = container["readinessProbe"]["httpGet"]["port"]
+        if "admin" in ports:
+            assert env["HERALD_ADMIN_LISTEN"] == f"0.0.0.0:{ports['admin']}", component
+            assert probed == "admin" and container["livenessProbe"]["httpGet"]["port"] == "admin"
+            assert {p["name"] for p in svc["spec"]["ports"]} >= {"admin"}, component
+        else:
+            assert probed == port["name"], component
+    api = one(objects, "Deployment", full("api"))
+    assert [p["name"] for p in pod_spec(api)["containers"][0]["ports"]] == ["api", "admin"]
+    # The ServiceMonitor scrapes ports named http and admin: the API's client port is neither.
+    assert "http" not in {p["name"] for p in one(objects, "Service", full("api"))["spec"]["ports"]}
+
+
+def test_the_api_drains_before_it_stops_and_the_chart_refuses_a_grace_too_short():
+    objects = render()
+    api = one(objects, "Deployment", full("api"))
+    spec = pod_spec(api)
+    env = effective_env(objects, api)
+    assert env["HERALD_API_SHUTDOWN_DELAY"] == "5s"
+    assert spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"] == 3
+    assert spec["terminationGracePeriodSeconds"] == 30
+    with pytest.raises(helm.HelmRenderError, match="api.terminationGracePeriodSeconds"):
+        render({"api": {"terminationGracePeriodSeconds": 8}})
+    no_hook = pod_spec(one(render({"api": {"preStopSeconds": 0}}), "Deployment", full("api")))
+    assert "lifecycle" not in no_hook["containers"][0]
 
 
 # --- the chart's configuration is the CLI's --------------------------------------------

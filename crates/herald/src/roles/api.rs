@@ -1,5 +1,8 @@
 //! `herald api`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use herald_api::auth::{CredentialError, Credentials, Scope};
 use herald_api::{ApiState, Limits};
 use tokio_util::sync::CancellationToken;
@@ -95,7 +98,8 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         monitors_cancel.clone(),
     ));
     let redis = stores.iter().map(|m| m.store.clone()).collect();
-    let readiness = super::database_and_pressure_ready(pool.clone(), stores);
+    let draining = Arc::new(AtomicBool::new(false));
+    let readiness = super::api_ready(pool.clone(), stores, draining.clone());
     telemetry::spawn_role_gauges(
         telemetry::Watched {
             role: "api",
@@ -106,9 +110,49 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         telemetry::ROLE_GAUGE_INTERVAL,
         monitors_cancel,
     );
-    let router =
-        herald_api::router(state).merge(telemetry::admin_router(metrics, "api", readiness));
-    telemetry::serve(args.listen, router, cancel).await
+    let serving = drain_after(cancel, args.shutdown_delay, draining);
+    let admin = telemetry::admin_router(metrics, "api", readiness.clone());
+    match args.admin_listen {
+        None => {
+            let router = herald_api::router(state).merge(admin);
+            telemetry::serve(args.listen, router, serving).await
+        }
+        Some(admin_addr) => {
+            // Probes on both ports (a load balancer may check the serving port); metrics only
+            // on the admin port.
+            let router = herald_api::router(state).merge(telemetry::probe_router(readiness));
+            tokio::try_join!(
+                telemetry::serve(args.listen, router, serving.clone()),
+                telemetry::serve(admin_addr, admin, serving)
+            )?;
+            Ok(())
+        }
+    }
+}
+
+/// The token the servers stop on: `delay` after `cancel` (a SIGTERM), during which `draining`
+/// is set, so `/readyz` answers 503 while every request still gets its answer.
+fn drain_after(
+    cancel: CancellationToken,
+    delay: std::time::Duration,
+    draining: Arc<AtomicBool>,
+) -> CancellationToken {
+    let serving = CancellationToken::new();
+    let stop = serving.clone();
+    tokio::spawn(async move {
+        cancel.cancelled().await;
+        draining.store(true, Ordering::Relaxed);
+        if !delay.is_zero() {
+            tracing::info!(
+                ?delay,
+                "draining: /readyz answers 503, requests are still served"
+            );
+            tokio::time::sleep(delay).await;
+        }
+        tracing::info!("no longer accepting connections; finishing in-flight requests");
+        stop.cancel();
+    });
+    serving
 }
 
 /// The API's keys and receipt secrets, from the environment or their files; without any, the

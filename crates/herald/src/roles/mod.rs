@@ -57,7 +57,7 @@ pub fn database_and_queue_ready(pool: PgPool, stores: Vec<QueueStore>) -> Readin
                     .await
                     .map_err(|err| format!("queue store {}: {err}", store.stream_key()))?;
             }
-            Ok(())
+            Ok(Vec::new())
         })
     })
 }
@@ -87,23 +87,31 @@ pub fn monitored_stores(
         .collect())
 }
 
-/// Ready when PostgreSQL answers and no queue store is full or unreachable.
-pub fn database_and_pressure_ready(pool: PgPool, stores: Vec<MonitoredStore>) -> Readiness {
+/// The API's readiness: this replica can take requests when PostgreSQL answers and it is not
+/// draining for a shutdown. A full or unreachable queue store does not make it unready (the
+/// accept path never touches Redis, messages wait in the outbox; every replica shares the
+/// store, so turning them all unready would leave the Service with no endpoint at all): it is
+/// reported as a note in `/readyz`'s answer instead.
+pub fn api_ready(
+    pool: PgPool,
+    stores: Vec<MonitoredStore>,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+) -> Readiness {
     Arc::new(move || {
         let pool = pool.clone();
-        let reasons: Vec<String> = stores
+        let notes: Vec<String> = stores
             .iter()
             .filter_map(|s| s.describe_pressure())
             .collect();
+        let draining = draining.load(std::sync::atomic::Ordering::Relaxed);
         Box::pin(async move {
+            if draining {
+                return Err("shutting down: finishing in-flight requests".to_owned());
+            }
             herald_store::ping(&pool)
                 .await
                 .map_err(|err| format!("PostgreSQL: {err}"))?;
-            if reasons.is_empty() {
-                Ok(())
-            } else {
-                Err(reasons.join("; "))
-            }
+            Ok(notes)
         })
     })
 }

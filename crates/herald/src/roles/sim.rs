@@ -51,7 +51,7 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
     };
     let router =
         herald_provider_sim::router(settings).map_err(|err| ConfigError(err.to_string()))?;
-    let always_ready: telemetry::Readiness = Arc::new(|| Box::pin(async { Ok(()) }));
+    let always_ready: telemetry::Readiness = Arc::new(|| Box::pin(async { Ok(Vec::new()) }));
     telemetry::spawn_role_gauges(
         telemetry::Watched {
             role: "provider_sim",

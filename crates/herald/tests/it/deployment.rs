@@ -30,6 +30,8 @@ pub struct Options {
     pub status_worker_flags: Vec<String>,
     /// Extra `herald poller` flags.
     pub poller_flags: Vec<String>,
+    /// Extra `herald api` flags.
+    pub api_flags: Vec<String>,
     /// How many pollers; with `fleet` they share the partitions through etcd.
     pub pollers: usize,
     pub fleet: bool,
@@ -51,6 +53,7 @@ impl Default for Options {
             worker_flags: Vec::new(),
             status_worker_flags: Vec::new(),
             poller_flags: Vec::new(),
+            api_flags: Vec::new(),
             pollers: 1,
             fleet: false,
             send_shards: 1,
@@ -202,7 +205,7 @@ impl Deployment {
             )
             .await;
 
-        let api = args(&[
+        let mut api = args(&[
             "api",
             "--listen",
             &format!("127.0.0.1:{api_port}"),
@@ -211,6 +214,7 @@ impl Deployment {
             "--redis-status-url",
             &deployment.status_redis.url(),
         ]);
+        api.extend(options.api_flags.iter().cloned());
         deployment
             .spawn("api", api, format!("{}/healthz", deployment.api_url))
             .await;

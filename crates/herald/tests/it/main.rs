@@ -9,6 +9,7 @@ mod deployment;
 mod fleet;
 mod observability;
 mod pipeline;
+mod rolling;
 mod rules;
 mod tls;
 mod wait;
