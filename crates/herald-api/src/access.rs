@@ -19,6 +19,7 @@ use axum::response::Response;
 use tracing::Instrument;
 
 use crate::auth::Caller;
+use crate::metrics::REQUESTS;
 
 /// The request id's header, asked and answered.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -44,11 +45,13 @@ pub async fn request_id_and_access_log(mut request: Request, next: Next) -> Resp
     let started = Instant::now();
     let id = request_id(&request);
     let method = request.method().clone();
-    let route = request
+    let matched = request
         .extensions()
         .get::<MatchedPath>()
-        .map(|path| path.as_str().to_owned())
-        .unwrap_or_else(|| request.uri().path().to_owned());
+        .map(|path| path.as_str().to_owned());
+    // The metric takes the route's pattern, never a raw path (one series per unknown URL).
+    let route_label = matched.clone().unwrap_or_else(|| "unmatched".to_owned());
+    let route = matched.unwrap_or_else(|| request.uri().path().to_owned());
     request.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!("request", request_id = %id, %method, %route);
     let mut response = next.run(request).instrument(span).await;
@@ -56,6 +59,13 @@ pub async fn request_id_and_access_log(mut request: Request, next: Next) -> Resp
         response.headers_mut().insert(REQUEST_ID, value);
     }
     let status = response.status().as_u16();
+    let class = match status {
+        500.. => "5xx",
+        400..=499 => "4xx",
+        300..=399 => "3xx",
+        _ => "2xx",
+    };
+    metrics::counter!(REQUESTS, "route" => route_label, "class" => class).increment(1);
     let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     let caller = response
         .extensions()

@@ -10,6 +10,9 @@ pub const REJECTED: &str = "herald_api_rejected_total";
 pub const RECEIPTS: &str = "herald_receipts_received_total";
 /// Receipt posts refused for their signature, by reason; nothing of them was stored.
 pub const SIGNATURE_REJECTIONS: &str = "herald_receipt_signature_rejections_total";
+/// Every `/v1` request answered, by route (its pattern) and status class: the denominator and
+/// numerator of the API's error-budget alerts.
+pub const REQUESTS: &str = "herald_api_requests_total";
 /// Requests of a key past `--rate-limit`, answered 429.
 pub const RATE_LIMITED: &str = "herald_api_rate_limited_total";
 /// Requests answered 503 because they had no answer within `--request-timeout`, by `kind`.
@@ -77,6 +80,15 @@ pub fn describe() {
         SIGNATURE_REJECTIONS,
         "Receipt posts refused (401, nothing stored) because their signature does not hold, by reason."
     );
+    metrics::describe_counter!(
+        REQUESTS,
+        "API requests answered, by route pattern and status class (2xx, 4xx, 5xx)."
+    );
+    for route in ["/v1/messages", "/v1/messages/batch"] {
+        for class in ["2xx", "4xx", "5xx"] {
+            metrics::counter!(REQUESTS, "route" => route, "class" => class).increment(0);
+        }
+    }
     metrics::describe_counter!(
         RATE_LIMITED,
         "Requests refused with 429 because their API key is past --rate-limit (nothing written)."

@@ -760,6 +760,24 @@ def test_dashboards_and_rules_ship_from_the_repository_without_a_copy():
     assert one(objects, "PrometheusRule", "herald")["spec"] == rules
 
 
+def test_the_rules_take_the_runbook_address_and_the_queue_threshold_from_values():
+    values = {
+        "queueFullThreshold": 0.7,
+        "metrics": {"prometheusRule": {"enabled": True, "runbookBaseUrl": "https://git.example.com/herald/blob/v1/docs/RUNBOOK.md/"}},
+    }
+    rules = [r for g in one(render(values), "PrometheusRule", "herald")["spec"]["groups"] for r in g["rules"]]
+    assert len(rules) >= 15
+    for rule in rules:
+        anchor = rule["alert"].lower()
+        assert rule["annotations"]["runbook_url"] == f"https://git.example.com/herald/blob/v1/docs/RUNBOOK.md#{anchor}"
+        assert "for" in rule, f"{rule['alert']} has no for:"
+        # Every release of a shared Prometheus alerts apart.
+        assert "namespace" in rule["expr"] or rule["alert"] in ("HeraldNotReady", "HeraldTargetDown"), rule["alert"]
+    memory = next(r for r in rules if r["alert"] == "HeraldQueueStoreMemoryHigh")
+    assert memory["expr"].endswith("(herald_queue_memory_ratio) > 0.7"), memory["expr"]
+    assert "above 70 %" in memory["annotations"]["description"]
+
+
 def leaf_keys(tree: dict, prefix: str = "") -> list[str]:
     keys = []
     for key, value in tree.items():
