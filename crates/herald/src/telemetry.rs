@@ -147,63 +147,24 @@ pub type Readiness = Arc<
 
 /// `/healthz` and `/readyz` without `/metrics`, for a port the API's clients reach.
 pub fn probe_router(readiness: Readiness) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let readiness = readiness.clone();
-                async move { readiness_answer(readiness().await) }
-            }),
-        )
-}
-
-fn readiness_answer(answer: Result<Vec<String>, String>) -> (StatusCode, String) {
-    match answer {
-        Ok(notes) if notes.is_empty() => (StatusCode::OK, "ready\n".to_owned()),
-        Ok(notes) => (StatusCode::OK, format!("ready; {}\n", notes.join("; "))),
-        Err(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {reason}\n"),
-        ),
-    }
+    probes(readiness, None)
 }
 
 /// `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`.
 pub fn admin_router(handle: PrometheusHandle, role: &'static str, readiness: Readiness) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let readiness = readiness.clone();
-                async move {
-                    let answer = tokio::time::timeout(Duration::from_secs(2), readiness()).await;
-                    let ready = matches!(answer, Ok(Ok(_)));
-                    metrics::gauge!(READY, "role" => role).set(if ready { 1.0 } else { 0.0 });
-                    match answer {
-                        Ok(answer) => readiness_answer(answer),
-                        Err(_) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "not ready: checks timed out\n".to_owned(),
-                        ),
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let handle = handle.clone();
-                async move {
-                    (
-                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                        handle.render(),
-                    )
-                        .into_response()
-                }
-            }),
-        )
+    probes(readiness, Some(role)).route(
+        "/metrics",
+        get(move || {
+            let handle = handle.clone();
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    handle.render(),
+                )
+                    .into_response()
+            }
+        }),
+    )
 }
 
 /// Serves `router` on `addr` until `cancel`.
@@ -220,4 +181,35 @@ pub async fn serve(
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await?;
     Ok(())
+}
+
+/// `/healthz` and `/readyz`; with a role, each readiness answer also sets its `herald_ready`.
+fn probes(readiness: Readiness, role: Option<&'static str>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let readiness = readiness.clone();
+                async move {
+                    let answer = tokio::time::timeout(Duration::from_secs(2), readiness()).await;
+                    if let Some(role) = role {
+                        let ready = matches!(answer, Ok(Ok(_)));
+                        metrics::gauge!(READY, "role" => role).set(if ready { 1.0 } else { 0.0 });
+                    }
+                    match answer {
+                        Ok(Ok(notes)) if notes.is_empty() => (StatusCode::OK, "ready\n".to_owned()),
+                        Ok(Ok(notes)) => (StatusCode::OK, format!("ready; {}\n", notes.join("; "))),
+                        Ok(Err(reason)) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {reason}\n"),
+                        ),
+                        Err(_) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: checks timed out\n".to_owned(),
+                        ),
+                    }
+                }
+            }),
+        )
 }
