@@ -20,6 +20,27 @@ use crate::validate;
 use crate::wire::{AcceptedMessage, BatchResponse};
 use crate::ApiState;
 
+#[utoipa::path(
+    post,
+    path = "/v1/messages",
+    tag = "messages",
+    request_body = crate::wire::SendRequest,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry answer the stored message instead of storing a second one (1 to 255 visible characters)"),
+    ),
+    responses(
+        (status = 202, description = "Committed with its outbox row; a replay of the same key and request answers the first message, with `Idempotent-Replayed: true` and `created: false`", body = crate::wire::AcceptedMessage),
+        (status = 400, description = "Malformed JSON, or a bad Idempotency-Key header", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The Idempotency-Key was used for another request", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A field is missing or invalid (the problem names it)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "unavailable (nothing written), outcome-unknown (it may be stored: retry with the same Idempotency-Key) or timeout (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn accept_one(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
@@ -81,6 +102,24 @@ fn mark_replayed(response: &mut Response) {
     );
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/messages/batch",
+    tag = "messages",
+    request_body = crate::wire::BatchRequest,
+    responses(
+        (status = 202, description = "Every message committed in one transaction (all or nothing), answered in request order", body = crate::wire::BatchResponse),
+        (status = 400, description = "Malformed JSON", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "An idempotency_key was used for another request", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An item's field is missing or invalid (the problem names it, e.g. messages[3].recipient)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "unavailable (nothing written), outcome-unknown (it may be stored: retry with the same Idempotency-Key) or timeout (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn accept_batch(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
@@ -181,6 +220,21 @@ async fn accept_batch_inner(
 
 /// A message and its history. A client key reads only the messages it accepted; another's
 /// message is answered like one that does not exist.
+#[utoipa::path(
+    get,
+    path = "/v1/messages/{id}",
+    tag = "messages",
+    params(("id" = String, Path, description = "The message's id (a UUID)")),
+    responses(
+        (status = 200, description = "The message, its current state and its whole history", body = crate::wire::MessageHistory),
+        (status = 400, description = "The id is not a UUID", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such message (or one another client key accepted)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "unavailable (nothing written), outcome-unknown (it may be stored: retry with the same Idempotency-Key) or timeout (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn get_message(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
@@ -198,7 +252,9 @@ pub(crate) async fn get_message(
         );
     };
     match message_with_history(&state.pool, id).await {
-        Ok(Some(view)) if caller.may_read(view.created_by.as_deref()) => Json(view).into_response(),
+        Ok(Some(view)) if caller.may_read(view.created_by.as_deref()) => {
+            Json(crate::wire::MessageHistory::from(view)).into_response()
+        }
         Ok(_) => reject(Problem::new(
             StatusCode::NOT_FOUND,
             "not-found",
@@ -213,9 +269,25 @@ pub(crate) async fn get_message(
 }
 
 /// Every partition's recorded owner, epoch, backlog and oldest pending age.
+#[utoipa::path(
+    get,
+    path = "/v1/partitions",
+    tag = "operators",
+    responses(
+        (status = 200, description = "Every partition's recorded owner, fencing epoch and backlog", body = crate::wire::PartitionList),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list_partitions(State(state): State<ApiState>) -> Response {
     match herald_store::outbox::partitions_overview(&state.pool, state.partitions.get()).await {
-        Ok(partitions) => Json(serde_json::json!({ "partitions": partitions })).into_response(),
+        Ok(partitions) => Json(crate::wire::PartitionList {
+            partitions: partitions.into_iter().map(Into::into).collect(),
+        })
+        .into_response(),
         Err(err) => {
             tracing::error!(error = %err, "reading partitions failed");
             reject(Problem::unavailable())

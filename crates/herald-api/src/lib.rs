@@ -10,6 +10,7 @@ pub mod auth;
 pub mod guard;
 mod handlers;
 pub mod metrics;
+pub mod openapi;
 pub mod operations;
 pub mod problem;
 pub mod validate;
@@ -191,6 +192,7 @@ pub fn router(state: ApiState) -> Router {
             post(operations::accept_receipt_batch),
         );
     Router::new()
+        .route("/v1/openapi.json", get(openapi::serve))
         .merge(client)
         .merge(operator)
         .merge(provider)

@@ -10,12 +10,11 @@ use axum::{Extension, Json};
 use herald_core::{partition_of, PartitionCount};
 use herald_store::receipts::{NewReceipt, Replay};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::auth::{self, Caller};
 use crate::metrics::{RECEIPTS, REJECTED};
 use crate::problem::Problem;
-use crate::ApiState;
+use crate::{wire, ApiState};
 
 /// Receipts of one message must stay in order, so they are routed by gateway and provider id
 /// when the body reveals it, by gateway alone otherwise (the body is stored as it came).
@@ -79,6 +78,24 @@ async fn receipt_request(
 
 /// `POST /v1/providers/{gateway}/receipts`: stores the body byte for byte with a `status` job
 /// and answers 202 only after the commit. Nothing is mapped or dropped here.
+#[utoipa::path(
+    post,
+    path = "/v1/providers/{gateway}/receipts",
+    tag = "providers",
+    params(
+        ("gateway" = String, Path, description = "The gateway's name, as configured with its receipt secret"),
+        ("Herald-Signature" = String, Header, description = "t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<body>\" with the gateway's secret>"),
+    ),
+    request_body(content = Object, description = "The provider's receipt, stored byte for byte (any content type)"),
+    responses(
+        (status = 202, description = "Stored with its status job, after the commit", body = crate::wire::ReceiptStored),
+        (status = 400, description = "A bad gateway name", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "The Herald-Signature does not hold for the gateway's secret", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "unavailable or outcome-unknown (Retry-After): post it again", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("receipt_signature" = []))
+)]
 pub(crate) async fn accept_receipt(
     State(state): State<ApiState>,
     Path(gateway): Path<String>,
@@ -92,7 +109,11 @@ pub(crate) async fn accept_receipt(
     // Concurrent receipts share one transaction (group commit); each is answered after the
     // commit that holds it.
     match store_one(&state, gateway, &raw, content_type).await {
-        Ok(id) => (StatusCode::ACCEPTED, Json(json!({ "receipt_id": id }))).into_response(),
+        Ok(id) => (
+            StatusCode::ACCEPTED,
+            Json(wire::ReceiptStored { receipt_id: id }),
+        )
+            .into_response(),
         Err(err) => {
             tracing::error!(error = %err, "storing a receipt failed");
             reject(Problem::write_failed(&err))
@@ -134,6 +155,24 @@ async fn store_one(
 /// `status` job, all in one statement, and answered 202 with the receipt ids in order only
 /// after the commit. A body that is not a JSON array cannot be split: it is stored whole as one
 /// receipt (the status worker parks it with its raw bytes) and answered 400.
+#[utoipa::path(
+    post,
+    path = "/v1/providers/{gateway}/receipts/batch",
+    tag = "providers",
+    params(
+        ("gateway" = String, Path, description = "The gateway's name"),
+        ("Herald-Signature" = String, Header, description = "As for a single receipt, over the whole body"),
+    ),
+    request_body(content = Vec<Object>, description = "A JSON array of receipts; each element is stored byte for byte as its own receipt"),
+    responses(
+        (status = 202, description = "Every receipt stored, ids in request order", body = crate::wire::ReceiptsStored),
+        (status = 400, description = "Not a JSON array (kept whole, parked)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "The Herald-Signature does not hold for the gateway's secret", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "unavailable or outcome-unknown (Retry-After): post it again", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("receipt_signature" = []))
+)]
 pub(crate) async fn accept_receipt_batch(
     State(state): State<ApiState>,
     Path(gateway): Path<String>,
@@ -178,7 +217,11 @@ pub(crate) async fn accept_receipt_batch(
         Ok(ids) => {
             state.wakeups.wake(partitions);
             metrics::counter!(RECEIPTS).increment(ids.len() as u64);
-            (StatusCode::ACCEPTED, Json(json!({ "receipt_ids": ids }))).into_response()
+            (
+                StatusCode::ACCEPTED,
+                Json(wire::ReceiptsStored { receipt_ids: ids }),
+            )
+                .into_response()
         }
         Err(err) => {
             tracing::error!(error = %err, %gateway, receipts = count, "storing a batch of receipts failed");
@@ -245,17 +288,35 @@ fn next_page<T>(
     rows: &mut Vec<T>,
     limit: i64,
     id: impl Fn(&T) -> i64,
-) -> serde_json::Value {
+) -> Option<String> {
     if rows.len() as i64 <= limit {
-        return serde_json::Value::Null;
+        return None;
     }
     rows.truncate(limit as usize);
     let last = rows.last().map(id).unwrap_or_default();
-    json!(format!("{route}?after={last}&limit={limit}"))
+    Some(format!("{route}?after={last}&limit={limit}"))
 }
 
 /// `GET /v1/dead`: DEAD outbox rows, oldest first, a page at a time (`?after=&limit=`, `next`
 /// links the following page), and how many there are.
+#[utoipa::path(
+    get,
+    path = "/v1/dead",
+    tag = "operators",
+    params(
+        ("after" = Option<i64>, Query, description = "Start after this id (0: from the first)"),
+        ("limit" = Option<i64>, Query, description = "Rows per page, 1 to 1000 (default 100)"),
+    ),
+    responses(
+        (status = 200, description = "A page of DEAD outbox rows, oldest first, and how many there are", body = crate::wire::DeadList),
+        (status = 400, description = "A bad after or limit", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list_dead(
     State(state): State<ApiState>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -269,7 +330,12 @@ pub(crate) async fn list_dead(
     match (rows, count) {
         (Ok(mut rows), Ok(count)) => {
             let next = next_page("/v1/dead", &mut rows, limit, |row| row.id);
-            Json(json!({ "count": count, "dead": rows, "next": next })).into_response()
+            Json(wire::DeadList {
+                count,
+                dead: rows.into_iter().map(Into::into).collect(),
+                next,
+            })
+            .into_response()
         }
         (Err(err), _) | (_, Err(err)) => {
             tracing::error!(error = %err, "listing DEAD rows failed");
@@ -279,6 +345,22 @@ pub(crate) async fn list_dead(
 }
 
 /// `POST /v1/dead/{id}/redrive`: the row goes back to PENDING with a fresh attempt budget.
+#[utoipa::path(
+    post,
+    path = "/v1/dead/{id}/redrive",
+    tag = "operators",
+    params(("id" = i64, Path, description = "The DEAD outbox row's id")),
+    responses(
+        (status = 202, description = "The row is PENDING again with a fresh attempt budget", body = crate::wire::Redriven),
+        (status = 400, description = "The id is not a number", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such DEAD row", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn redrive_dead(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
@@ -297,7 +379,11 @@ pub(crate) async fn redrive_dead(
             );
             (
                 StatusCode::ACCEPTED,
-                Json(json!({ "id": id, "partition": partition, "status": "PENDING" })),
+                Json(wire::Redriven {
+                    id,
+                    partition,
+                    status: "PENDING".to_owned(),
+                }),
             )
                 .into_response()
         }
@@ -315,6 +401,24 @@ pub(crate) async fn redrive_dead(
 }
 
 /// `GET /v1/parking`: parked input not replayed yet, with raw body and reason.
+#[utoipa::path(
+    get,
+    path = "/v1/parking",
+    tag = "operators",
+    params(
+        ("after" = Option<i64>, Query, description = "Start after this id (0: from the first)"),
+        ("limit" = Option<i64>, Query, description = "Rows per page, 1 to 1000 (default 100)"),
+    ),
+    responses(
+        (status = 200, description = "A page of parked input not replayed yet, with its raw body and reason", body = crate::wire::ParkedList),
+        (status = 400, description = "A bad after or limit", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn list_parked(
     State(state): State<ApiState>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -326,7 +430,11 @@ pub(crate) async fn list_parked(
     match herald_store::receipts::list_parked(&state.pool, after, limit + 1).await {
         Ok(mut rows) => {
             let next = next_page("/v1/parking", &mut rows, limit, |row| row.id);
-            Json(json!({ "parked": rows, "next": next })).into_response()
+            Json(wire::ParkedList {
+                parked: rows.into_iter().map(Into::into).collect(),
+                next,
+            })
+            .into_response()
         }
         Err(err) => {
             tracing::error!(error = %err, "listing parked items failed");
@@ -337,6 +445,23 @@ pub(crate) async fn list_parked(
 
 /// `POST /v1/parking/{id}/replay`: queues the parked receipt again (after its mapping was
 /// fixed); parked again, with a new reason, if it still cannot be applied.
+#[utoipa::path(
+    post,
+    path = "/v1/parking/{id}/replay",
+    tag = "operators",
+    params(("id" = i64, Path, description = "The parked item's id")),
+    responses(
+        (status = 202, description = "Queued again (parked again, with a new reason, if it still cannot be applied)", body = crate::wire::ParkedReplayed),
+        (status = 400, description = "The id is not a number", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such parked item", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already replayed, or not a replayable item", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
 pub(crate) async fn replay_parked(
     State(state): State<ApiState>,
     Extension(caller): Extension<Caller>,
@@ -360,7 +485,7 @@ pub(crate) async fn replay_parked(
             );
             (
                 StatusCode::ACCEPTED,
-                Json(json!({ "id": id, "outbox_id": outbox_id })),
+                Json(wire::ParkedReplayed { id, outbox_id }),
             )
                 .into_response()
         }

@@ -6,9 +6,11 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-/// An error answered as `application/problem+json`. `field` names the offending input.
-#[derive(Debug, Clone, Serialize)]
+/// An error answered as `application/problem+json` (RFC 9457). `field` names the offending
+/// input.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
+    /// `urn:herald:problem:<slug>`, e.g. `urn:herald:problem:invalid-field`.
     #[serde(rename = "type")]
     pub kind: String,
     pub title: &'static str,

@@ -1,21 +1,30 @@
-//! The API's wire types, shared with clients (the load tester, the demo).
+//! The API's wire types, shared with clients (the load tester, the demo). Every request and
+//! answer body of `/v1` is one of these; the OpenAPI document (`openapi.rs`) is generated from
+//! them. Store rows are mapped into them here, so a change of a table is not a change of the
+//! API by accident.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// `POST /v1/messages` body. `partition_key` defaults to the recipient.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct SendRequest {
+    /// Whom the provider delivers to (a phone number, an address); 1 to 256 characters.
     pub recipient: String,
+    /// The message for the provider: any JSON object.
+    #[schema(value_type = Object)]
     pub body: serde_json::Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition_key: Option<String>,
 }
 
 /// One item of `POST /v1/messages/batch`; the key replaces the header of the single form.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct BatchItem {
     pub recipient: String,
+    #[schema(value_type = Object)]
     pub body: serde_json::Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition_key: Option<String>,
@@ -23,13 +32,13 @@ pub struct BatchItem {
     pub idempotency_key: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct BatchRequest {
     pub messages: Vec<BatchItem>,
 }
 
 /// The answer for one accepted message.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct AcceptedMessage {
     pub id: Uuid,
     pub state: String,
@@ -38,7 +47,193 @@ pub struct AcceptedMessage {
 }
 
 /// The answer to a batch: one entry per message, in request order.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct BatchResponse {
     pub messages: Vec<AcceptedMessage>,
+}
+
+/// `GET /v1/messages/{id}`: a message, its derived current state and its whole history.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct MessageHistory {
+    pub id: Uuid,
+    pub partition: u32,
+    pub recipient: String,
+    #[schema(value_type = Object)]
+    pub body: serde_json::Value,
+    pub idempotency_key: Option<String>,
+    /// The name of the API key that accepted it (null: an API without keys).
+    pub created_by: Option<String>,
+    pub created_at: DateTime<Utc>,
+    /// QUEUED, CLAIMED, ACCEPTED, ENROUTE, DELIVERED, UNDELIVERED, EXPIRED, FAILED, DEAD or
+    /// UNKNOWN: the latest event's state.
+    pub state: String,
+    pub events: Vec<HistoryEvent>,
+}
+
+/// One entry of a message's append-only history, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct HistoryEvent {
+    pub seq: i64,
+    pub state: String,
+    pub at: DateTime<Utc>,
+    /// What came with the transition (provider id, gateway, error, receipt fields).
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+impl From<herald_store::messages::MessageView> for MessageHistory {
+    fn from(view: herald_store::messages::MessageView) -> Self {
+        Self {
+            id: view.id,
+            partition: view.partition,
+            recipient: view.recipient,
+            body: view.body,
+            idempotency_key: view.idempotency_key,
+            created_by: view.created_by,
+            created_at: view.created_at,
+            state: view.state,
+            events: view
+                .events
+                .into_iter()
+                .map(|event| HistoryEvent {
+                    seq: event.seq,
+                    state: event.state,
+                    at: event.at,
+                    detail: event.detail,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `GET /v1/partitions`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct PartitionList {
+    pub partitions: Vec<PartitionInfo>,
+}
+
+/// One outbox partition: its recorded owner and fencing epoch, and its backlog.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct PartitionInfo {
+    pub partition: u32,
+    /// The poller that recorded the latest epoch (etcd is the source of truth for liveness).
+    pub owner: Option<String>,
+    pub epoch: Option<i64>,
+    pub acquired_at: Option<DateTime<Utc>>,
+    /// Rows waiting to be published.
+    pub pending: i64,
+    pub oldest_pending_age_seconds: f64,
+}
+
+impl From<herald_store::outbox::PartitionView> for PartitionInfo {
+    fn from(view: herald_store::outbox::PartitionView) -> Self {
+        Self {
+            partition: view.partition,
+            owner: view.owner,
+            epoch: view.epoch,
+            acquired_at: view.acquired_at,
+            pending: view.pending,
+            oldest_pending_age_seconds: view.oldest_pending_age_seconds,
+        }
+    }
+}
+
+/// `POST /v1/providers/{gateway}/receipts`: the stored receipt's id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ReceiptStored {
+    pub receipt_id: i64,
+}
+
+/// `POST /v1/providers/{gateway}/receipts/batch`: the stored receipts' ids, in request order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ReceiptsStored {
+    pub receipt_ids: Vec<i64>,
+}
+
+/// `GET /v1/dead`: a page of DEAD outbox rows, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct DeadList {
+    /// How many rows are DEAD in all.
+    pub count: i64,
+    pub dead: Vec<DeadOutboxRow>,
+    /// The next page (`/v1/dead?after=…&limit=…`), null on the last.
+    pub next: Option<String>,
+}
+
+/// An outbox row that used every attempt.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct DeadOutboxRow {
+    pub id: i64,
+    pub partition: i32,
+    /// send or status.
+    pub job_type: String,
+    pub message_id: Option<Uuid>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<herald_store::outbox::DeadRow> for DeadOutboxRow {
+    fn from(row: herald_store::outbox::DeadRow) -> Self {
+        Self {
+            id: row.id,
+            partition: row.partition,
+            job_type: row.job_type,
+            message_id: row.message_id,
+            attempts: row.attempts,
+            last_error: row.last_error,
+            created_at: row.created_at,
+        }
+    }
+}
+
+/// `POST /v1/dead/{id}/redrive`: the row is PENDING again with a fresh attempt budget.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Redriven {
+    pub id: i64,
+    pub partition: u32,
+    /// Always PENDING.
+    pub status: String,
+}
+
+/// `GET /v1/parking`: a page of parked input, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ParkedList {
+    pub parked: Vec<ParkedItem>,
+    /// The next page (`/v1/parking?after=…&limit=…`), null on the last.
+    pub next: Option<String>,
+}
+
+/// Input Herald could not apply, kept with its raw body and the reason.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ParkedItem {
+    pub id: i64,
+    pub job_type: String,
+    pub receipt_id: Option<i64>,
+    pub gateway: Option<String>,
+    /// The raw body as text (lossy for non-UTF-8 bytes; the bytes are kept as they came).
+    pub raw: String,
+    pub reason: String,
+    pub parked_at: DateTime<Utc>,
+}
+
+impl From<herald_store::receipts::Parked> for ParkedItem {
+    fn from(row: herald_store::receipts::Parked) -> Self {
+        Self {
+            id: row.id,
+            job_type: row.job_type,
+            receipt_id: row.receipt_id,
+            gateway: row.gateway,
+            raw: row.raw,
+            reason: row.reason,
+            parked_at: row.parked_at,
+        }
+    }
+}
+
+/// `POST /v1/parking/{id}/replay`: the parked item is queued again as this outbox row.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ParkedReplayed {
+    pub id: i64,
+    pub outbox_id: i64,
 }

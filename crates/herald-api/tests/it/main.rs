@@ -8,6 +8,7 @@ mod auth;
 mod errors;
 mod guard;
 mod lists;
+mod openapi;
 mod outcome;
 mod receipts;
 
