@@ -19,7 +19,8 @@ use serde::Serialize;
         PostgreSQL transaction. `herald poller` publishes outbox rows to Redis streams, \
         `herald worker` sends them to the provider and records the outcome with an \
         idempotency key, so a retry never becomes a second effect.\n\n\
-        Every flag can also be set with the HERALD_* environment variable shown in its help.\n\
+        Every flag can also be set with the HERALD_* environment variable shown in its help, or \
+        in a TOML file given with --config (flags win over variables, which win over the file).\n\
         Start with `herald dev`: every role plus local PostgreSQL, Redis and etcd, and a demo load."
 )]
 pub struct Cli {
@@ -75,6 +76,12 @@ pub struct CommonArgs {
     #[arg(long)]
     #[serde(skip)]
     pub print_config: bool,
+    /// A TOML file of settings: keys are flag names (max_batch or max-batch), top-level keys
+    /// for every role that has the flag, a [<role>] table for one role. Flags win over HERALD_*
+    /// variables, which win over the file, which wins over defaults.
+    #[arg(long, env = "HERALD_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Args, Serialize)]
@@ -179,6 +186,7 @@ pub struct ApiArgs {
     /// answered `outcome-unknown`, since it may still commit; retry it with the same
     /// Idempotency-Key).
     #[arg(long, env = "HERALD_API_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
     pub request_timeout: Duration,
     /// Requests per second each client or operator key may make (a token bucket per key;
     /// receipts are not limited); past it, 429 with Retry-After. 0: unlimited.

@@ -3,6 +3,7 @@
 //! library crate and waits for shutdown.
 
 mod cli;
+mod config_file;
 mod roles;
 mod shutdown;
 mod telemetry;
@@ -15,6 +16,12 @@ use crate::cli::{Cli, Command};
 const EXIT_CONFIG: i32 = 64;
 
 fn main() {
+    // A --config file fills the HERALD_* variables it names before the command line is parsed.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Err(err) = config_file::apply(&args) {
+        eprintln!("herald: invalid configuration: {err}");
+        std::process::exit(EXIT_CONFIG);
+    }
     let parsed = Cli::command()
         .try_get_matches()
         .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));

@@ -690,18 +690,22 @@ def test_every_variable_the_chart_sets_is_one_the_role_reads_and_accepts(example
 
 # Variables of a role's --help the chart deliberately leaves to the binary's default. The
 # *_FILE forms of keys and secrets: the chart hands them over as variables from a Secret.
-# HERALD_INSECURE_DEV: a release never runs an API open to anyone.
+# HERALD_INSECURE_DEV: a release never runs an API open to anyone. HERALD_CONFIG: the chart's
+# ConfigMaps are the configuration; a TOML file is for runs outside Kubernetes.
 NOT_EXPOSED: dict[str, set[str]] = {
-    "api": {
-        "HERALD_API_CLIENT_KEYS_FILE",
-        "HERALD_API_OPERATOR_KEYS_FILE",
-        "HERALD_RECEIPT_SECRETS_FILE",
-        "HERALD_INSECURE_DEV",
-    },
-    "poller": {"HERALD_ETCD_PASSWORD_FILE"},
-    "worker": set(),
-    "provider-sim": {"HERALD_SIM_RECEIPT_SECRETS_FILE"},
-    "migrate": {"HERALD_RUNTIME_ROLE_PASSWORD_FILE"},
+    role: names | {"HERALD_CONFIG"}
+    for role, names in {
+        "api": {
+            "HERALD_API_CLIENT_KEYS_FILE",
+            "HERALD_API_OPERATOR_KEYS_FILE",
+            "HERALD_RECEIPT_SECRETS_FILE",
+            "HERALD_INSECURE_DEV",
+        },
+        "poller": {"HERALD_ETCD_PASSWORD_FILE"},
+        "worker": set(),
+        "provider-sim": {"HERALD_SIM_RECEIPT_SECRETS_FILE"},
+        "migrate": {"HERALD_RUNTIME_ROLE_PASSWORD_FILE"},
+    }.items()
 }
 
 

@@ -160,6 +160,60 @@ fn unusable_tls_files_exit_64_naming_the_flag() {
     }
 }
 
+/// Settings come from defaults, then a --config file, then HERALD_* variables, then flags;
+/// --print-config shows the merged result, and a key no role knows is refused.
+#[test]
+fn a_config_file_sits_between_the_defaults_and_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("herald.toml");
+    std::fs::write(
+        &file,
+        "database_url = \"postgres://herald@db/herald\"\nmax_batch = 5\n\
+         [api]\nmax_batch = 7\ngroup-max = 64\nrequest_timeout = \"3s\"\n",
+    )
+    .unwrap();
+    let config = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut command = std::process::Command::new(HERALD);
+        command
+            .args(["api", "--config", file.to_str().unwrap(), "--print-config"])
+            .args(extra)
+            .env_remove("HERALD_DATABASE_URL")
+            .env("HERALD_API_CLIENT_KEYS", "shop=k1-client-key-0123456")
+            .env("HERALD_RECEIPT_SECRETS", "gw-a=k2-receipt-secret-0123");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let from_file = config(&[], &[]);
+    assert_eq!(
+        from_file["max_batch"], 7,
+        "the [api] table wins over the top level"
+    );
+    assert_eq!(from_file["group_max"], 64);
+    assert_eq!(from_file["request_timeout"], "3s");
+    assert_eq!(
+        from_file["max_body_bytes"], 262144,
+        "the default where nothing says otherwise"
+    );
+    let env_wins = config(&[], &[("HERALD_API_MAX_BATCH", "8")]);
+    assert_eq!(env_wins["max_batch"], 8);
+    let flag_wins = config(&["--max-batch", "9"], &[("HERALD_API_MAX_BATCH", "8")]);
+    assert_eq!(flag_wins["max_batch"], 9);
+
+    std::fs::write(&file, "[api]\nmax_bacth = 7\n").unwrap();
+    let out = herald(&["api", "--config", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("[api] max_bacth"), "{stderr}");
+}
+
 #[test]
 fn print_config_masks_passwords() {
     let out = std::process::Command::new(HERALD)
