@@ -70,3 +70,16 @@ pub async fn outbox_backlog(pool: &PgPool, count: u32) -> Result<Backlog, StoreE
         dead_rows,
     })
 }
+
+/// The session-level advisory lock of the one API replica that exports the backlog gauges
+/// (`'herald.backlog'` as eight bytes). The lock lives as long as the session that took it.
+pub const EXPORTER_LOCK: i64 = 0x6865_7261_6c64_626c;
+
+/// Takes the exporter's lock on `conn` if no other session holds it; true when this session
+/// holds it (now or already).
+pub async fn try_lead_exporter(conn: &mut sqlx::PgConnection) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(EXPORTER_LOCK)
+        .fetch_one(conn)
+        .await?)
+}

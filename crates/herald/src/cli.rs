@@ -207,7 +207,8 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub auth: ApiAuthArgs,
     /// How often the API reads the outbox backlog for its gauges (backlog rows and oldest
-    /// PENDING age per partition, DEAD rows). Every API replica reads it; one query each time.
+    /// PENDING age per partition, DEAD rows). One API replica of a deployment reads and exports
+    /// them: the holder of an advisory lock, which every replica asks for at this interval.
     #[arg(long, env = "HERALD_BACKLOG_GAUGE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub backlog_gauge_interval: Duration,

@@ -150,18 +150,51 @@ pub fn probe_router(readiness: Readiness) -> Router {
     probes(readiness, None)
 }
 
-/// `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`.
-pub fn admin_router(handle: PrometheusHandle, role: &'static str, readiness: Readiness) -> Router {
+/// Metrics a process exports only while `shown` is true (the API's backlog gauges: one
+/// replica of a deployment exports them).
+#[derive(Clone)]
+pub struct Conditional {
+    pub shown: Arc<std::sync::atomic::AtomicBool>,
+    pub names: &'static [&'static str],
+}
+
+impl Conditional {
+    /// `text` without the series (and HELP/TYPE lines) of `names` while not shown.
+    fn filter(&self, text: String) -> String {
+        if self.shown.load(std::sync::atomic::Ordering::Relaxed) {
+            return text;
+        }
+        text.lines()
+            .filter(|line| {
+                let name = match line.strip_prefix("# ") {
+                    Some(comment) => comment.split_whitespace().nth(1).unwrap_or_default(),
+                    None => line.split(['{', ' ']).next().unwrap_or_default(),
+                };
+                !self.names.contains(&name)
+            })
+            .flat_map(|line| [line, "\n"])
+            .collect()
+    }
+}
+
+/// `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`
+/// (without `conditional`'s metrics while it hides them).
+pub fn admin_router(
+    handle: PrometheusHandle,
+    role: &'static str,
+    readiness: Readiness,
+    conditional: Option<Conditional>,
+) -> Router {
     probes(readiness, Some(role)).route(
         "/metrics",
         get(move || {
-            let handle = handle.clone();
+            let (handle, conditional) = (handle.clone(), conditional.clone());
             async move {
-                (
-                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    handle.render(),
-                )
-                    .into_response()
+                let mut text = handle.render();
+                if let Some(conditional) = &conditional {
+                    text = conditional.filter(text);
+                }
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
             }
         }),
     )

@@ -91,11 +91,13 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     if stores.is_empty() {
         tracing::warn!("no queue store URLs given: /readyz checks PostgreSQL only");
     }
+    let exporting = Arc::new(AtomicBool::new(false));
     tokio::spawn(export_backlog(
         pool.clone(),
         partitions.get(),
         args.backlog_gauge_interval,
         monitors_cancel.clone(),
+        exporting.clone(),
     ));
     let redis = stores.iter().map(|m| m.store.clone()).collect();
     let draining = Arc::new(AtomicBool::new(false));
@@ -111,7 +113,16 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         monitors_cancel,
     );
     let serving = drain_after(cancel, args.shutdown_delay, draining);
-    let admin = telemetry::admin_router(metrics, "api", readiness.clone());
+    let backlog = telemetry::Conditional {
+        shown: exporting,
+        names: &[
+            herald_api::metrics::BACKLOG_ROWS,
+            herald_api::metrics::OLDEST_PENDING_AGE,
+            herald_api::metrics::DEAD_ROWS,
+            herald_api::metrics::PARTITIONS,
+        ],
+    };
+    let admin = telemetry::admin_router(metrics, "api", readiness.clone(), Some(backlog));
     match args.admin_listen {
         None => {
             let router = herald_api::router(state).merge(admin);
@@ -232,29 +243,63 @@ fn announce(credentials: &Credentials) {
     }
 }
 
-/// Sets the backlog gauges every `interval` until `cancel`: one query over the rows a partial
-/// index covers. A failed read keeps the last values (and is counted by the store).
+/// Sets the backlog gauges every `interval` until `cancel`, on the one API replica of the
+/// deployment that holds the exporter's advisory lock (on a connection of its own, so the lock
+/// lives exactly as long as that session): `exporting` says whether this is it, and `/metrics`
+/// hides the gauges otherwise. Every replica tries for the lock each interval, so another takes
+/// over within one when the exporter goes. A failed read keeps the last values (and is counted
+/// by the store).
 async fn export_backlog(
     pool: sqlx::PgPool,
     partitions: u32,
     interval: std::time::Duration,
     cancel: CancellationToken,
+    exporting: Arc<AtomicBool>,
 ) {
     use herald_api::metrics as m;
+    use sqlx::ConnectOptions;
     ::metrics::gauge!(m::PARTITIONS).set(partitions as f64);
+    let mut session: Option<sqlx::PgConnection> = None;
     while !cancel.is_cancelled() {
-        match herald_store::backlog::outbox_backlog(&pool, partitions).await {
-            Ok(backlog) => {
-                for p in &backlog.partitions {
-                    let partition = p.partition.to_string();
-                    ::metrics::gauge!(m::BACKLOG_ROWS, "partition" => partition.clone())
-                        .set(p.rows as f64);
-                    ::metrics::gauge!(m::OLDEST_PENDING_AGE, "partition" => partition)
-                        .set(p.oldest_pending_age_seconds);
+        if session.is_none() {
+            match pool.connect_options().connect().await {
+                Ok(conn) => session = Some(conn),
+                Err(err) => {
+                    tracing::warn!(error = %err, "no connection for the backlog exporter's lock")
                 }
-                ::metrics::gauge!(m::DEAD_ROWS).set(backlog.dead_rows as f64);
             }
-            Err(err) => tracing::warn!(error = %err, "reading the outbox backlog failed"),
+        }
+        let leads = match session.as_mut() {
+            Some(conn) => match herald_store::backlog::try_lead_exporter(conn).await {
+                Ok(leads) => leads,
+                Err(err) => {
+                    tracing::warn!(error = %err, "the backlog exporter's session broke");
+                    session = None;
+                    false
+                }
+            },
+            None => false,
+        };
+        if leads != exporting.swap(leads, Ordering::Relaxed) {
+            tracing::info!(
+                exporting = leads,
+                "backlog gauges: this replica's turn changed"
+            );
+        }
+        if leads {
+            match herald_store::backlog::outbox_backlog(&pool, partitions).await {
+                Ok(backlog) => {
+                    for p in &backlog.partitions {
+                        let partition = p.partition.to_string();
+                        ::metrics::gauge!(m::BACKLOG_ROWS, "partition" => partition.clone())
+                            .set(p.rows as f64);
+                        ::metrics::gauge!(m::OLDEST_PENDING_AGE, "partition" => partition)
+                            .set(p.oldest_pending_age_seconds);
+                    }
+                    ::metrics::gauge!(m::DEAD_ROWS).set(backlog.dead_rows as f64);
+                }
+                Err(err) => tracing::warn!(error = %err, "reading the outbox backlog failed"),
+            }
         }
         tokio::select! {
             _ = cancel.cancelled() => {}

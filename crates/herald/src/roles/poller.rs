@@ -71,7 +71,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         telemetry::ROLE_GAUGE_INTERVAL,
         admin_cancel.clone(),
     );
-    let admin = telemetry::admin_router(metrics, "poller", readiness);
+    let admin = telemetry::admin_router(metrics, "poller", readiness, None);
     let admin_task = tokio::spawn(telemetry::serve(
         args.admin_listen,
         admin,

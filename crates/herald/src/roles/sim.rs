@@ -66,6 +66,7 @@ pub async fn run(args: SimArgs, cancel: CancellationToken) -> anyhow::Result<()>
         metrics,
         "provider_sim",
         always_ready,
+        None,
     ));
     telemetry::serve(args.listen, router, cancel).await
 }

@@ -97,7 +97,7 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         telemetry::ROLE_GAUGE_INTERVAL,
         admin_cancel.clone(),
     );
-    let admin = telemetry::admin_router(metrics, role, readiness);
+    let admin = telemetry::admin_router(metrics, role, readiness, None);
     let admin_task = tokio::spawn(telemetry::serve(
         args.admin_listen,
         admin,

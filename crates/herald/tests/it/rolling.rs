@@ -195,3 +195,68 @@ async fn restarting_each_api_under_load_fails_no_request() {
     let (code, report) = herald.verify().await;
     assert_eq!(code, 0, "{report}");
 }
+
+/// The backlog gauges come from one API replica of a deployment, not from each: the replica
+/// holding the exporter's advisory lock. When it dies, another takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_api_replica_exports_the_backlog_and_another_takes_over() {
+    let interval = ["--backlog-gauge-interval", "300ms"];
+    let mut herald = Deployment::start(Options {
+        api_flags: args(&interval),
+        ..Options::default()
+    })
+    .await;
+    let second = format!("127.0.0.1:{}", herald_testkit::free_port().unwrap());
+    let mut api = args(&[
+        "api",
+        "--listen",
+        &second,
+        "--redis-send-url",
+        &herald.redis.url(),
+        "--redis-status-url",
+        &herald.status_redis.url(),
+    ]);
+    api.extend(args(&interval));
+    herald
+        .spawn("api-2", api, format!("http://{second}/healthz"))
+        .await;
+    let bases = [herald.api_url.clone(), format!("http://{second}")];
+    let client = reqwest::Client::new();
+    let exporters = || async {
+        let mut which = Vec::new();
+        for (i, base) in bases.iter().enumerate() {
+            let Ok(answer) = client.get(format!("{base}/metrics")).send().await else {
+                continue;
+            };
+            let text = answer.text().await.unwrap_or_default();
+            if text.contains("herald_outbox_backlog_rows{") {
+                which.push(i);
+            }
+        }
+        which
+    };
+    let settled = |want_other_than: Option<usize>| {
+        let exporters = &exporters;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let which = exporters().await;
+                if which.len() == 1 && Some(which[0]) != want_other_than {
+                    return which[0];
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "expected one exporter (not {want_other_than:?}), found {which:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let first = settled(None).await;
+    // It stays one: both replicas keep asking for the lock every 300 ms.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(exporters().await, vec![first]);
+    herald.role(["api", "api-2"][first]).kill9().await.unwrap();
+    let next = settled(Some(first)).await;
+    assert_ne!(next, first);
+}

@@ -189,7 +189,9 @@ fn plan_of(v: &Values) -> Plan {
                 database_max_connections: v.api.database_max_connections,
                 redis_max_connections: API_REDIS_CONNECTIONS,
                 uses: both(),
-                listen_connections: 0,
+                // One more PostgreSQL connection per API replica: the session holding (or
+                // asking for) the backlog exporter's lock.
+                listen_connections: 1,
             },
             Role {
                 name: "poller".to_owned(),
