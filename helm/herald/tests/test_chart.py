@@ -567,6 +567,19 @@ def images(objects: list[dict]) -> set[str]:
     }
 
 
+def test_a_valkey_image_runs_the_same_command_and_probes():
+    valkey = {"image": {"repository": "valkey/valkey", "tag": "8.1-alpine"}}
+    objects = render({"redis": {"send": valkey, "status": valkey}})
+    default = render()
+    for type_ in ("send", "status"):
+        store = one(objects, "StatefulSet", full(f"redis-{type_}"))
+        before = one(default, "StatefulSet", full(f"redis-{type_}"))
+        container, was = pod_spec(store)["containers"][0], pod_spec(before)["containers"][0]
+        assert container["image"] == "valkey/valkey:8.1-alpine"
+        for key in ("command", "args", "readinessProbe", "livenessProbe"):
+            assert container.get(key) == was.get(key), key
+
+
 def test_image_references_take_a_registry_a_mirror_and_a_digest():
     app = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert images(render()) == {f"herald:{app}", "redis:7.4-alpine"}
