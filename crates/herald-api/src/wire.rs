@@ -11,29 +11,41 @@ use uuid::Uuid;
 /// `POST /v1/messages` body. `partition_key` defaults to the recipient.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct SendRequest {
-    /// Whom the provider delivers to (a phone number, an address); 1 to 256 characters.
+    /// Whom the provider delivers to (a phone number, an address).
+    #[schema(min_length = 1, max_length = 320)]
     pub recipient: String,
     /// The message for the provider: any JSON object.
     #[schema(value_type = Object)]
     pub body: serde_json::Value,
+    /// Routes the message (default: the recipient): one partition key's messages keep their
+    /// order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 255)]
     pub partition_key: Option<String>,
 }
 
 /// One item of `POST /v1/messages/batch`; the key replaces the header of the single form.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct BatchItem {
+    #[schema(min_length = 1, max_length = 320)]
     pub recipient: String,
     #[schema(value_type = Object)]
     pub body: serde_json::Value,
+    /// Routes the message (default: the recipient): one partition key's messages keep their
+    /// order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 255)]
     pub partition_key: Option<String>,
+    /// As the Idempotency-Key header of a single message: 1 to 255 visible ASCII characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 255, pattern = "^[!-~]+$")]
     pub idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct BatchRequest {
+    /// 1 to `--max-batch` (1,000) messages, committed all or nothing.
+    #[schema(min_items = 1)]
     pub messages: Vec<BatchItem>,
 }
 
