@@ -1,12 +1,52 @@
 //! Every dependency over TLS with certificates made at test time: PostgreSQL with
 //! `sslmode=verify-full`, Redis over `rediss://` only, etcd over `https://` with client
-//! certificates required. Messages go through the whole pipeline; a wrong CA is refused, by
-//! name, for each of the three.
+//! certificates required, and the provider over https (the simulator behind a TLS front).
+//! Messages go through the whole pipeline; a wrong CA is refused, by name, for the three
+//! servers.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use herald_testkit::TestCerts;
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::deployment::{args, HERALD};
 use crate::{Deployment, Options};
+
+/// An HTTPS front of the provider simulator: TLS with the test server certificate, then the
+/// bytes as they are to the simulator's HTTP port. Returns its port.
+async fn https_front(certs: &TestCerts, target: &str) -> u16 {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let chain = CertificateDer::pem_file_iter(&certs.server_cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&certs.server_key).unwrap();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let target = target.trim_start_matches("http://").to_owned();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, target) = (acceptor.clone(), target.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                if let Ok(mut plain) = TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                }
+            });
+        }
+    });
+    port
+}
 
 #[tokio::test]
 async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_by_name() {
@@ -143,6 +183,32 @@ async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_b
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let _ = child.kill().await;
+    // The provider over https: a send worker trusting the test CA delivers through the HTTPS
+    // front (the first worker stops, so every new message goes this way).
+    let port = https_front(&certs, &herald.sim_url).await;
+    assert!(herald
+        .role("worker")
+        .terminate(Duration::from_secs(20))
+        .await
+        .unwrap());
+    let worker = args(&[
+        "worker",
+        "--job-type",
+        "send",
+        "--redis-url",
+        &herald.redis.url(),
+        "--provider-url",
+        &format!("https://localhost:{port}"),
+        "--provider-ca-file",
+        certs.ca.to_str().unwrap(),
+    ]);
+    herald.spawn_with_admin("worker-https", worker).await;
+    let more = herald.send(10, 10, 1).await;
+    assert_eq!(more.len(), 10);
+    herald.wait_delivered(40, Duration::from_secs(90)).await;
+    let (code, report) = herald.verify().await;
+    assert_eq!(code, 0, "{report}");
+
     let owned: i64 =
         sqlx::query_scalar("SELECT count(*) FROM partition_leases WHERE owner = 'wrong-etcd-ca'")
             .fetch_one(&herald.pool)
