@@ -22,7 +22,7 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::auth::Caller;
-use crate::metrics::{RATE_LIMITED, REJECTED, TIMEOUTS};
+use crate::metrics::{RATE_LIMITED, REJECTED, REQUEST_DURATION, TIMEOUTS};
 use crate::problem::Problem;
 use crate::ApiState;
 
@@ -76,11 +76,24 @@ pub(crate) async fn request_timeout(
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
-            let problem = if write {
+            let problem = if route.starts_with("/v1/providers/") {
+                Problem::timed_out_receipt(limit)
+            } else if write {
                 Problem::timed_out_write(limit)
             } else {
                 Problem::timed_out_read(limit)
             };
+            // The accept latency histogram is recorded by the handler, which was dropped: the
+            // slowest accepts must still count (at the timeout, a lower bound).
+            let accept_route = match route.as_str() {
+                "/v1/messages" => Some("accept"),
+                "/v1/messages/batch" => Some("accept_batch"),
+                _ => None,
+            };
+            if let Some(accept_route) = accept_route {
+                metrics::histogram!(REQUEST_DURATION, "route" => accept_route)
+                    .record(limit.as_secs_f64());
+            }
             tracing::warn!(route, timeout = ?limit, write, "a request had no answer in time");
             metrics::counter!(TIMEOUTS, "kind" => if write { "write" } else { "read" })
                 .increment(1);

@@ -118,6 +118,20 @@ impl Problem {
         )
     }
 
+    /// A receipt post that had no answer within the request timeout: it may still be stored
+    /// with its group.
+    pub fn timed_out_receipt(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "outcome-unknown",
+            "Herald cannot tell whether the receipt was stored",
+            format!(
+                "the receipt had no answer within {}, and it may still be stored; post it again",
+                humantime::format_duration(limit)
+            ),
+        )
+    }
+
     /// A read that had no answer within the request timeout (nothing was changed).
     pub fn timed_out_read(limit: Duration) -> Self {
         Self::new(

@@ -10,12 +10,12 @@ use uuid::Uuid;
 
 /// `POST /v1/messages` body. `partition_key` defaults to the recipient.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SendRequest {
     /// Whom the provider delivers to (a phone number, an address).
     #[schema(min_length = 1, max_length = 320)]
     pub recipient: String,
-    /// The message for the provider: any JSON object.
-    #[schema(value_type = Object)]
+    /// The message for the provider: any JSON value but null.
     pub body: serde_json::Value,
     /// Routes the message (default: the recipient): one partition key's messages keep their
     /// order.
@@ -26,10 +26,11 @@ pub struct SendRequest {
 
 /// One item of `POST /v1/messages/batch`; the key replaces the header of the single form.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BatchItem {
     #[schema(min_length = 1, max_length = 320)]
     pub recipient: String,
-    #[schema(value_type = Object)]
+    /// Any JSON value but null.
     pub body: serde_json::Value,
     /// Routes the message (default: the recipient): one partition key's messages keep their
     /// order.
@@ -43,6 +44,7 @@ pub struct BatchItem {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// 1 to `--max-batch` (1,000) messages, committed all or nothing.
     #[schema(min_items = 1)]

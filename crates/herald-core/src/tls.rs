@@ -1,9 +1,9 @@
 //! What a client presents when it connects over TLS: the CA bundle it trusts (instead of the
-//! system's roots) and its own certificate and key, all PEM. The binary reads them from files
+//! default roots: the system's for Redis and etcd, Mozilla's bundled ones for the provider) and its own certificate and key, all PEM. The binary reads them from files
 //! (Secrets mounted in the pod); each client crate (queue, coordination, provider) turns them
 //! into its library's configuration.
 
-/// A client's TLS material; empty means the system's roots and no client certificate.
+/// A client's TLS material; empty means the default roots and no client certificate.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct ClientTls {
     /// PEM certificates of the CAs to trust.

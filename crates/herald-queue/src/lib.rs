@@ -79,7 +79,8 @@ impl QueueStore {
     }
 
     /// Builds the pool; a `rediss://` URL connects over TLS, trusting `tls.ca` (else the
-    /// system's roots) and presenting `tls.identity` when given.
+    /// system's roots) and presenting `tls.identity` when given. A `redis://` URL ignores
+    /// `tls` (one job type's store may be TLS, the other's not).
     pub fn with_tls(
         settings: &StoreSettings,
         tls: &herald_core::ClientTls,
@@ -87,14 +88,9 @@ impl QueueStore {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(MAX_BLOCK + Duration::from_secs(3)));
-        let manager = if tls.is_empty() {
+        let manager = if tls.is_empty() || !settings.url.starts_with("rediss://") {
             Manager::new_with_config(settings.url.as_str(), config)?
         } else {
-            if !settings.url.starts_with("rediss://") {
-                return Err(QueueError::Build(
-                    "a Redis CA or client certificate is set, but the URL is not rediss://".into(),
-                ));
-            }
             let certificates = redis::TlsCertificates {
                 client_tls: tls.identity.as_ref().map(|id| redis::ClientTlsConfig {
                     client_cert: id.cert.clone(),

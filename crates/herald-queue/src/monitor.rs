@@ -1,5 +1,6 @@
 //! Watching a queue store's memory and streams: the numbers behind backpressure (pollers stop
-//! publishing to a store that is nearly full) and readiness (the API says it is not ready).
+//! publishing to a store that is nearly full) and what readiness reports (the API names the
+//! store in its `/readyz` answer).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

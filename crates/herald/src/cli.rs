@@ -149,8 +149,8 @@ pub struct ApiArgs {
     #[arg(long, env = "HERALD_API_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub shutdown_delay: Duration,
-    /// The send job type's queue store shards. Not on the accept path: `/readyz` turns false
-    /// when one is full or unreachable, so traffic moves to a healthy deployment.
+    /// The send job type's queue store shards. Not on the accept path: `/readyz` names one
+    /// that is full or unreachable (and stays ready: messages wait in the outbox).
     #[arg(
         long,
         hide_env_values = true,
@@ -370,7 +370,7 @@ pub struct QueueArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct PressureArgs {
     /// Memory use (used / maxmemory) at which a queue store counts as full: pollers stop
-    /// publishing to it and the API reports not ready until it drains below.
+    /// publishing to it until it drains below, and the API's /readyz names it.
     #[arg(long, env = "HERALD_QUEUE_FULL_THRESHOLD", default_value_t = 0.8)]
     pub queue_full_threshold: f64,
     /// How often each queue store's memory and streams are read.

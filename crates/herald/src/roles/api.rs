@@ -269,15 +269,26 @@ async fn export_backlog(
                 }
             }
         }
+        // A session that hangs must not keep this replica exporting frozen values.
+        let bound = interval.max(std::time::Duration::from_secs(2));
         let leads = match session.as_mut() {
-            Some(conn) => match herald_store::backlog::try_lead_exporter(conn).await {
-                Ok(leads) => leads,
-                Err(err) => {
-                    tracing::warn!(error = %err, "the backlog exporter's session broke");
-                    session = None;
-                    false
+            Some(conn) => {
+                match tokio::time::timeout(bound, herald_store::backlog::try_lead_exporter(conn))
+                    .await
+                {
+                    Ok(Ok(leads)) => leads,
+                    Ok(Err(err)) => {
+                        tracing::warn!(error = %err, "the backlog exporter's session broke");
+                        session = None;
+                        false
+                    }
+                    Err(_) => {
+                        tracing::warn!("the backlog exporter's session did not answer");
+                        session = None;
+                        false
+                    }
                 }
-            },
+            }
             None => false,
         };
         if leads != exporting.swap(leads, Ordering::Relaxed) {
@@ -287,7 +298,17 @@ async fn export_backlog(
             );
         }
         if leads {
-            match herald_store::backlog::outbox_backlog(&pool, partitions).await {
+            let read = tokio::time::timeout(
+                bound,
+                herald_store::backlog::outbox_backlog(&pool, partitions),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(herald_store::StoreError::OutcomeUnknown(
+                    "the backlog query did not answer in time".into(),
+                ))
+            });
+            match read {
                 Ok(backlog) => {
                     for p in &backlog.partitions {
                         let partition = p.partition.to_string();
@@ -298,7 +319,11 @@ async fn export_backlog(
                     }
                     ::metrics::gauge!(m::DEAD_ROWS).set(backlog.dead_rows as f64);
                 }
-                Err(err) => tracing::warn!(error = %err, "reading the outbox backlog failed"),
+                Err(err) => {
+                    // Stale values must not stand for the backlog: hide them until a read works.
+                    exporting.store(false, Ordering::Relaxed);
+                    tracing::warn!(error = %err, "reading the outbox backlog failed");
+                }
             }
         }
         tokio::select! {
@@ -306,4 +331,6 @@ async fn export_backlog(
             _ = tokio::time::sleep(interval) => {}
         }
     }
+    // A draining replica stops exporting; another takes over.
+    exporting.store(false, Ordering::Relaxed);
 }
