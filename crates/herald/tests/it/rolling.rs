@@ -82,11 +82,11 @@ impl Drop for Proxy {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restarting_each_api_under_load_fails_no_request() {
-    let drain = ["--shutdown-delay", "1s"];
+/// A deployment whose API runs with `flags`, and a second API process ("api-2") with the same
+/// flags; returns the second's address.
+async fn two_apis(flags: &[&str]) -> (Deployment, String) {
     let mut herald = Deployment::start(Options {
-        api_flags: args(&drain),
+        api_flags: args(flags),
         ..Options::default()
     })
     .await;
@@ -100,10 +100,17 @@ async fn restarting_each_api_under_load_fails_no_request() {
         "--redis-status-url",
         &herald.status_redis.url(),
     ]);
-    api.extend(args(&drain));
+    api.extend(args(flags));
     herald
         .spawn("api-2", api, format!("http://{second}/healthz"))
         .await;
+    (herald, second)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_each_api_under_load_fails_no_request() {
+    let drain = ["--shutdown-delay", "1s"];
+    let (mut herald, second) = two_apis(&drain).await;
     let first = herald.api_url.trim_start_matches("http://").to_owned();
     let proxy = Proxy::start(vec![first, second]).await;
 
@@ -201,25 +208,7 @@ async fn restarting_each_api_under_load_fails_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_api_replica_exports_the_backlog_and_another_takes_over() {
     let interval = ["--backlog-gauge-interval", "300ms"];
-    let mut herald = Deployment::start(Options {
-        api_flags: args(&interval),
-        ..Options::default()
-    })
-    .await;
-    let second = format!("127.0.0.1:{}", herald_testkit::free_port().unwrap());
-    let mut api = args(&[
-        "api",
-        "--listen",
-        &second,
-        "--redis-send-url",
-        &herald.redis.url(),
-        "--redis-status-url",
-        &herald.status_redis.url(),
-    ]);
-    api.extend(args(&interval));
-    herald
-        .spawn("api-2", api, format!("http://{second}/healthz"))
-        .await;
+    let (mut herald, second) = two_apis(&interval).await;
     let bases = [herald.api_url.clone(), format!("http://{second}")];
     let client = reqwest::Client::new();
     let exporters = || async {
