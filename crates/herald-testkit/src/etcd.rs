@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 
 use crate::process::{Launch, Managed};
 use crate::redis::which;
-use crate::{free_port, wait_until};
+use crate::{free_port, path_str, wait_until};
 
 pub struct LocalEtcd {
     process: Managed,
@@ -70,7 +70,7 @@ impl LocalEtcd {
         ];
         let mut args = args;
         if let Some(tls) = &tls {
-            let path = |p: &Path| p.to_str().map(str::to_owned).context("non-UTF-8 path");
+            let path = |p: &Path| path_str(p).map(str::to_owned);
             args.extend([
                 "--cert-file".to_owned(),
                 path(&tls.cert)?,

@@ -76,3 +76,8 @@ where
         }
     }
 }
+
+/// A path as the `&str` a server's command line takes.
+pub(crate) fn path_str(path: &std::path::Path) -> anyhow::Result<&str> {
+    anyhow::Context::context(path.to_str(), "non-UTF-8 path")
+}

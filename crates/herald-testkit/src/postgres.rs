@@ -9,6 +9,7 @@ use nix::sys::signal::Signal;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
+use crate::path_str;
 use crate::process::{Launch, Managed};
 use crate::{free_port, wait_until};
 
@@ -286,10 +287,6 @@ fn postgres_user() -> anyhow::Result<Option<(u32, u32)>> {
     let user = nix::unistd::User::from_name("postgres")?
         .context("running as root needs a `postgres` user for initdb (install postgresql-15)")?;
     Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
-}
-
-fn path_str(path: &Path) -> anyhow::Result<&str> {
-    path.to_str().context("non-UTF-8 path")
 }
 
 /// Whether `pid` still runs (a zombie waiting for its parent to reap it does not).

@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::process::{Launch, Managed};
-use crate::{free_port, wait_until};
+use crate::{free_port, path_str, wait_until};
 
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
@@ -61,11 +61,11 @@ impl LocalRedis {
                 "--tls-port".to_owned(),
                 port.to_string(),
                 "--tls-cert-file".to_owned(),
-                path_string(&tls.cert)?,
+                path_str(&tls.cert)?.to_owned(),
                 "--tls-key-file".to_owned(),
-                path_string(&tls.key)?,
+                path_str(&tls.key)?.to_owned(),
                 "--tls-ca-cert-file".to_owned(),
-                path_string(&tls.ca)?,
+                path_str(&tls.ca)?.to_owned(),
                 "--tls-auth-clients".to_owned(),
                 "optional".to_owned(),
             ],
@@ -78,7 +78,7 @@ impl LocalRedis {
             "--appendonly".to_owned(),
             "no".to_owned(),
             "--dir".to_owned(),
-            root.to_str().context("non-UTF-8 path")?.to_owned(),
+            path_str(root)?.to_owned(),
             "--maxmemory".to_owned(),
             options.max_memory_bytes.to_string(),
             "--maxmemory-policy".to_owned(),
@@ -146,10 +146,6 @@ impl LocalRedis {
         self.process.start()?;
         self.wait_ready().await
     }
-}
-
-fn path_string(path: &Path) -> anyhow::Result<String> {
-    Ok(path.to_str().context("non-UTF-8 path")?.to_owned())
 }
 
 /// The first `name` on PATH (or in /usr/sbin, /usr/bin).

@@ -6,6 +6,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
+use crate::path_str;
+
 /// What a server needs to speak TLS: its certificate and key, and the CA its clients'
 /// certificates must chain to.
 #[derive(Debug, Clone)]
@@ -56,9 +58,9 @@ impl TestCerts {
                 "-subj",
                 subject,
                 "-keyout",
-                &s(&path(&format!("{name}.key")))?,
+                path_str(&path(&format!("{name}.key")))?,
                 "-out",
-                &s(&path(&format!("{name}.pem")))?,
+                path_str(&path(&format!("{name}.pem")))?,
                 "-addext",
                 "basicConstraints=critical,CA:TRUE",
                 "-addext",
@@ -82,14 +84,14 @@ impl TestCerts {
             std::fs::write(&ext, extensions)?;
             openssl(&[
                 "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-                "-keyout", &s(&path(&format!("{name}.key")))?,
-                "-out", &s(&csr)?,
+                "-keyout", path_str(&path(&format!("{name}.key")))?,
+                "-out", path_str(&csr)?,
             ])?;
             openssl(&[
-                "x509", "-req", "-days", "2", "-in", &s(&csr)?,
-                "-CA", &s(&certs.ca)?, "-CAkey", &s(&path("ca.key"))?, "-CAcreateserial",
-                "-extfile", &s(&ext)?,
-                "-out", &s(&path(&format!("{name}.pem")))?,
+                "x509", "-req", "-days", "2", "-in", path_str(&csr)?,
+                "-CA", path_str(&certs.ca)?, "-CAkey", path_str(&path("ca.key"))?, "-CAcreateserial",
+                "-extfile", path_str(&ext)?,
+                "-out", path_str(&path(&format!("{name}.pem")))?,
             ])?;
         }
         Ok(certs)
@@ -103,10 +105,6 @@ impl TestCerts {
             ca: self.ca.clone(),
         }
     }
-}
-
-fn s(path: &Path) -> anyhow::Result<String> {
-    Ok(path.to_str().context("non-UTF-8 path")?.to_owned())
 }
 
 fn openssl(args: &[&str]) -> anyhow::Result<()> {
