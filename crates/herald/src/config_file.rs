@@ -21,6 +21,10 @@ use crate::cli::{Cli, ConfigError};
 /// Reads the file named by `--config` (or `HERALD_CONFIG`) and sets the variables it implies.
 /// Call before parsing the command line, while the process has one thread.
 pub fn apply(args: &[OsString]) -> Result<(), ConfigError> {
+    // Nothing to do, and no command to build, without a file.
+    let Some(path) = config_path(args) else {
+        return Ok(());
+    };
     let Some(role) = args
         .iter()
         .skip(1)
@@ -33,9 +37,6 @@ pub fn apply(args: &[OsString]) -> Result<(), ConfigError> {
     if !takes_settings_file(role) {
         return Ok(());
     }
-    let Some(path) = config_path(args) else {
-        return Ok(());
-    };
     let text = std::fs::read_to_string(&path)
         .map_err(|err| ConfigError(format!("--config: cannot read {}: {err}", path.display())))?;
     for (variable, value) in settings(&text, role)
