@@ -35,9 +35,7 @@ use crate::ApiState;
         (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 422, description = "A field is missing or invalid (the problem names it)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "unavailable (nothing written), outcome-unknown (it may be stored: retry with the same Idempotency-Key) or timeout (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::ClientProblems,
     ),
     security(("bearer" = []))
 )]
@@ -114,9 +112,7 @@ fn mark_replayed(response: &mut Response) {
         (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 422, description = "An item's field is missing or invalid (the problem names it, e.g. messages[3].recipient)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "unavailable (nothing written), outcome-unknown (it may be stored: retry with the same Idempotency-Key) or timeout (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::ClientProblems,
     ),
     security(("bearer" = []))
 )]
@@ -229,9 +225,7 @@ async fn accept_batch_inner(
         (status = 200, description = "The message, its current state and its whole history", body = crate::wire::MessageHistory),
         (status = 400, description = "The id is not a UUID", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such message (or one another client key accepted)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "unavailable (nothing written), outcome-unknown (it may be stored: retry with the same Idempotency-Key) or timeout (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::ClientProblems,
     ),
     security(("bearer" = []))
 )]
@@ -275,10 +269,7 @@ pub(crate) async fn get_message(
     tag = "operators",
     responses(
         (status = 200, description = "Every partition's recorded owner, fencing epoch and backlog", body = crate::wire::PartitionList),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::OperatorProblems,
     ),
     security(("bearer" = []))
 )]

@@ -8,6 +8,8 @@ use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use crate::problem::Problem;
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -36,6 +38,78 @@ use utoipa::{Modify, OpenApi};
     )
 )]
 struct ApiDoc;
+
+/// The problems every client route may answer, documented once.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // a description of answers, never built
+pub(crate) enum ClientProblems {
+    #[response(
+        status = 401,
+        description = "No or an unknown API key",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    #[response(
+        status = 429,
+        description = "The key is past its rate limit (Retry-After)",
+        content_type = "application/problem+json"
+    )]
+    RateLimited(Problem),
+    #[response(
+        status = 503,
+        description = "unavailable (nothing written), outcome-unknown (it may be stored: retry with the same Idempotency-Key) or timeout (Retry-After)",
+        content_type = "application/problem+json"
+    )]
+    Unavailable(Problem),
+}
+
+/// The problems every operator route may answer.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // a description of answers, never built
+pub(crate) enum OperatorProblems {
+    #[response(
+        status = 401,
+        description = "No or an unknown API key",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    #[response(
+        status = 403,
+        description = "A client key: operator routes need an operator key",
+        content_type = "application/problem+json"
+    )]
+    Forbidden(Problem),
+    #[response(
+        status = 429,
+        description = "The key is past its rate limit (Retry-After)",
+        content_type = "application/problem+json"
+    )]
+    RateLimited(Problem),
+    #[response(
+        status = 503,
+        description = "PostgreSQL does not answer, or the request passed --request-timeout: outcome-unknown for a POST (Retry-After)",
+        content_type = "application/problem+json"
+    )]
+    Unavailable(Problem),
+}
+
+/// The problems both receipt routes may answer.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // a description of answers, never built
+pub(crate) enum ReceiptProblems {
+    #[response(
+        status = 401,
+        description = "The Herald-Signature does not hold for the gateway's secret",
+        content_type = "application/problem+json"
+    )]
+    Unsigned(Problem),
+    #[response(
+        status = 503,
+        description = "unavailable or outcome-unknown (Retry-After): post it again",
+        content_type = "application/problem+json"
+    )]
+    Unavailable(Problem),
+}
 
 /// The two kinds of credential: bearer keys, and receipt signatures.
 struct Credentials;

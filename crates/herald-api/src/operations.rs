@@ -91,8 +91,7 @@ async fn receipt_request(
         (status = 202, description = "Stored with its status job, after the commit", body = crate::wire::ReceiptStored),
         (status = 400, description = "A bad gateway name", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "The Herald-Signature does not hold for the gateway's secret", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "unavailable or outcome-unknown (Retry-After): post it again", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::ReceiptProblems,
     ),
     security(("receipt_signature" = []))
 )]
@@ -168,8 +167,7 @@ async fn store_one(
         (status = 202, description = "Every receipt stored, ids in request order", body = crate::wire::ReceiptsStored),
         (status = 400, description = "Not a JSON array (kept whole, parked)", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 413, description = "The body is over the limit", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "The Herald-Signature does not hold for the gateway's secret", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "unavailable or outcome-unknown (Retry-After): post it again", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::ReceiptProblems,
     ),
     security(("receipt_signature" = []))
 )]
@@ -310,10 +308,7 @@ fn next_page<T>(
     responses(
         (status = 200, description = "A page of DEAD outbox rows, oldest first, and how many there are", body = crate::wire::DeadList),
         (status = 400, description = "A bad after or limit", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::OperatorProblems,
     ),
     security(("bearer" = []))
 )]
@@ -354,10 +349,7 @@ pub(crate) async fn list_dead(
         (status = 202, description = "The row is PENDING again with a fresh attempt budget", body = crate::wire::Redriven),
         (status = 400, description = "The id is not a number", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such DEAD row", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::OperatorProblems,
     ),
     security(("bearer" = []))
 )]
@@ -412,10 +404,7 @@ pub(crate) async fn redrive_dead(
     responses(
         (status = 200, description = "A page of parked input not replayed yet, with its raw body and reason", body = crate::wire::ParkedList),
         (status = 400, description = "A bad after or limit", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::OperatorProblems,
     ),
     security(("bearer" = []))
 )]
@@ -455,10 +444,7 @@ pub(crate) async fn list_parked(
         (status = 400, description = "The id is not a number", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such parked item", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already replayed, or not a replayable item", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "A client key: operator routes need an operator key", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The key is past its rate limit (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "PostgreSQL does not answer (Retry-After)", body = crate::problem::Problem, content_type = "application/problem+json"),
+        crate::openapi::OperatorProblems,
     ),
     security(("bearer" = []))
 )]
