@@ -82,15 +82,16 @@ pub async fn confirm_ownership_batch(
             "WITH input AS (
                  SELECT * FROM UNNEST($1::int[], $2::bigint[]) AS t(partition, id)
              ), locked AS (
-                 SELECT o.partition, o.id FROM outbox o JOIN input i
-                     ON o.partition = i.partition AND o.id = i.id
-                 WHERE o.status IN ('PROCESSING', 'PUBLISHED')
-                 ORDER BY o.partition, o.id
-                 FOR UPDATE OF o
+                 SELECT x.* FROM (SELECT * FROM input ORDER BY partition, id) i
+                 CROSS JOIN LATERAL (
+                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
+                     WHERE o.partition = i.partition AND o.id = i.id
+                       AND o.status IN ('PROCESSING', 'PUBLISHED')
+                     FOR UPDATE OF o) x
              ), done AS (
                  UPDATE outbox o SET status = 'DONE', attempts = o.attempts + 1
-                 FROM locked l
-                 WHERE o.partition = l.partition AND o.id = l.id
+                 WHERE o.ctid = ANY(ARRAY(SELECT tid FROM locked))
+                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
                    AND o.status IN ('PROCESSING', 'PUBLISHED')
                  RETURNING o.partition, o.id, o.message_id, o.attempts
              ), owned AS (
@@ -116,7 +117,9 @@ pub async fn confirm_ownership_batch(
              )
              SELECT owned.partition, owned.id, m.id, m.recipient, m.body, owned.accepted,
                     owned.attempts, CASE WHEN owned.accepted THEN NULL ELSE owned.lease END
-             FROM owned JOIN messages m ON m.id = owned.message_id",
+             FROM owned CROSS JOIN LATERAL (
+                 SELECT m.id, m.recipient, m.body FROM messages m
+                 WHERE m.id = owned.message_id OFFSET 0) m",
         )
         .bind(&partitions)
         .bind(&ids)
@@ -200,7 +203,7 @@ pub async fn record_accepted_batch(
                  ON CONFLICT (idempotency_key) DO NOTHING
                  RETURNING idempotency_key, message_id, gateway, provider_id
              ), settled AS (
-                 DELETE FROM in_flight_sends WHERE message_id IN (SELECT message_id FROM input)
+                 DELETE FROM in_flight_sends WHERE message_id = ANY($2)
              ), awaiting AS (
                  INSERT INTO awaiting_receipt (message_id)
                  SELECT message_id FROM effect

@@ -199,13 +199,15 @@ pub async fn settled_sends(
                  WHERE l.message_id = i.message_id)
          FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
               AS i(message_id, status, provider_time, ord)
-         WHERE EXISTS (SELECT 1 FROM message_events e
-                       WHERE e.message_id = i.message_id
-                         AND herald_state_rank(e.state) = 5 AND e.detail ? 'receipt_id')
-           AND NOT EXISTS (SELECT 1 FROM message_events e
-                           WHERE e.message_id = i.message_id
-                             AND herald_state_rank(e.state) = 5
-                             AND (e.detail->>'provider_time')::timestamptz >= i.provider_time)",
+         -- Aggregates per message, not EXISTS: the planner turns EXISTS into a join over
+         -- every event; this probes each message's own events.
+         CROSS JOIN LATERAL (
+             SELECT bool_or(e.detail ? 'receipt_id') AS settled,
+                    bool_or((e.detail->>'provider_time')::timestamptz >= i.provider_time)
+                        AS stamped_later
+             FROM message_events e
+             WHERE e.message_id = i.message_id AND herald_state_rank(e.state) = 5) f
+         WHERE f.settled AND NOT coalesce(f.stamped_later, false)",
     )
     .bind(&messages)
     .bind(&statuses)
@@ -271,16 +273,17 @@ pub async fn hold_receipts(
                      AS t(partition, id, receipt_id, gateway, provider_id, provider_time,
                           superseding)
              ), locked AS (
-                 SELECT o.partition, o.id FROM outbox o JOIN input i
-                     ON o.partition = i.partition AND o.id = i.id
-                 WHERE o.status IN ('PROCESSING', 'PUBLISHED')
-                 ORDER BY o.partition, o.id
-                 FOR UPDATE OF o
+                 SELECT x.* FROM (SELECT * FROM input ORDER BY partition, id) i
+                 CROSS JOIN LATERAL (
+                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
+                     WHERE o.partition = i.partition AND o.id = i.id
+                       AND o.status IN ('PROCESSING', 'PUBLISHED')
+                     FOR UPDATE OF o) x
              ), done AS (
                  UPDATE outbox o SET status = 'DONE',
                         last_error = 'held: no unsettled send with this provider id is recorded yet'
-                 FROM locked l
-                 WHERE o.partition = l.partition AND o.id = l.id
+                 WHERE o.ctid = ANY(ARRAY(SELECT tid FROM locked))
+                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
                    AND o.status IN ('PROCESSING', 'PUBLISHED')
                  RETURNING o.partition, o.id
              ), held AS (
@@ -461,36 +464,39 @@ pub async fn apply_receipts(
                                       $5::jsonb[], $6::bool[]) WITH ORDINALITY
                      AS t(partition, id, message_id, state, detail, is_final, ord)
              ), locked AS (
-                 SELECT o.partition, o.id FROM outbox o JOIN input i
-                     ON o.partition = i.partition AND o.id = i.id
-                 WHERE o.status IN ('PROCESSING', 'PUBLISHED')
-                 ORDER BY o.partition, o.id
-                 FOR UPDATE OF o
+                 SELECT x.* FROM (SELECT * FROM input ORDER BY partition, id) i
+                 CROSS JOIN LATERAL (
+                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
+                     WHERE o.partition = i.partition AND o.id = i.id
+                       AND o.status IN ('PROCESSING', 'PUBLISHED')
+                     FOR UPDATE OF o) x
              ), done AS (
                  UPDATE outbox o SET status = 'DONE'
-                 FROM locked l
-                 WHERE o.partition = l.partition AND o.id = l.id
+                 WHERE o.ctid = ANY(ARRAY(SELECT tid FROM locked))
+                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
                    AND o.status IN ('PROCESSING', 'PUBLISHED')
                  RETURNING o.partition, o.id
              ), applied AS (
                  SELECT i.* FROM input i JOIN done d ON d.partition = i.partition AND d.id = i.id
              ), settled AS (
                  DELETE FROM awaiting_receipt
-                 WHERE message_id IN (SELECT message_id FROM applied WHERE is_final)
+                 WHERE message_id = ANY(ARRAY(SELECT message_id FROM applied WHERE is_final))
              ), fresh AS (
                  -- A receipt the message already has (same state, provider status and
                  -- provider time), in its history or earlier in this group, adds nothing.
                  SELECT DISTINCT ON (a.message_id, a.state, a.detail->>'provider_status',
                                      a.detail->>'provider_time')
                         a.message_id, a.state, a.detail, a.ord
-                 FROM applied a
-                 WHERE NOT EXISTS (
-                     SELECT 1 FROM message_events e
+                 -- (A count per receipt, not NOT EXISTS: the planner turns that into an
+                 -- anti-join over every event; this probes each message's own events.)
+                 FROM applied a CROSS JOIN LATERAL (
+                     SELECT count(*) AS copies FROM message_events e
                      WHERE e.message_id = a.message_id AND e.state = a.state
                        AND e.detail->>'provider_status'
                            IS NOT DISTINCT FROM a.detail->>'provider_status'
                        AND e.detail->>'provider_time'
-                           IS NOT DISTINCT FROM a.detail->>'provider_time')
+                           IS NOT DISTINCT FROM a.detail->>'provider_time') seen
+                 WHERE seen.copies = 0
                  ORDER BY a.message_id, a.state, a.detail->>'provider_status',
                           a.detail->>'provider_time', a.ord
              ), events AS (

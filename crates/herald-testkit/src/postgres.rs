@@ -141,6 +141,14 @@ impl LocalPostgres {
                 args.push(setting);
             }
         }
+        // Extra server settings for a profiling run, space-separated `name=value`
+        // (`loadtest/README.md`: `shared_preload_libraries=pg_stat_statements`).
+        if let Ok(extra) = std::env::var("HERALD_PG_SETTINGS") {
+            for setting in extra.split_whitespace() {
+                args.push("-c".to_owned());
+                args.push(setting.to_owned());
+            }
+        }
         if !options.durable {
             for setting in [
                 "fsync=off",

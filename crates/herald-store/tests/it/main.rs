@@ -3,6 +3,7 @@
 
 mod accept;
 mod outbox;
+mod plans;
 mod schema;
 mod worker;
 
