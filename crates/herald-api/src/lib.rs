@@ -23,7 +23,7 @@ use axum::Router;
 use herald_core::PartitionCount;
 use herald_store::accept::{accept_each, Accepted, KeyReused, NewMessage};
 use herald_store::group::{GroupCommit, GroupSettings};
-use herald_store::receipts::{accept_receipts, NewReceipt};
+use herald_store::receipts::{accept_receipts, NewReceipt, RECEIPTS_PER_JOB};
 use herald_store::wakeups::Wakeups;
 use sqlx::PgPool;
 
@@ -106,8 +106,10 @@ impl ApiState {
     ) -> Self {
         let messages_pool = pool.clone();
         let receipts_pool = pool.clone();
+        let wakeups = Wakeups::spawn(pool.clone(), WAKEUP_WINDOW);
+        let receipt_wakeups = wakeups.clone();
         Self {
-            wakeups: Wakeups::spawn(pool.clone(), WAKEUP_WINDOW),
+            wakeups,
             messages: GroupCommit::spawn("accept", group, move |messages: Arc<Vec<NewMessage>>| {
                 let pool = messages_pool.clone();
                 async move { accept_each(&pool, &messages).await }
@@ -122,7 +124,8 @@ impl ApiState {
                 }),
                 move |requests: Arc<Vec<Vec<NewReceipt>>>| {
                     let pool = receipts_pool.clone();
-                    async move { accept_receipt_requests(&pool, &requests).await }
+                    let wakeups = receipt_wakeups.clone();
+                    async move { accept_receipt_requests(&pool, &wakeups, &requests).await }
                 },
             ),
             rate_limiter: limits
@@ -137,13 +140,17 @@ impl ApiState {
 }
 
 /// Writes every request's receipts in one statement (all or nothing for the group, so for each
-/// request) and hands each request its ids, in order.
+/// request), with one status job per [`RECEIPTS_PER_JOB`] receipts, wakes the partitions of
+/// those jobs after the commit, and hands each request its ids, in order.
 async fn accept_receipt_requests(
     pool: &PgPool,
+    wakeups: &Wakeups,
     requests: &[Vec<NewReceipt>],
 ) -> Result<Vec<Vec<i64>>, herald_store::StoreError> {
     let all: Vec<&NewReceipt> = requests.iter().flatten().collect();
     let mut ids = accept_receipts(pool, &all).await?.into_iter();
+    // A job goes to the partition of its first receipt (`accept_receipts`).
+    wakeups.wake(all.chunks(RECEIPTS_PER_JOB).map(|job| job[0].partition));
     Ok(requests
         .iter()
         .map(|request| ids.by_ref().take(request.len()).collect())

@@ -120,8 +120,8 @@ pub(crate) async fn accept_receipt(
     }
 }
 
-/// Stores one raw body as one receipt through the group committer, wakes its partition and
-/// counts it; answers its id after the commit.
+/// Stores one raw body as one receipt through the group committer (which wakes the poller of
+/// its status job) and counts it; answers its id after the commit.
 async fn store_one(
     state: &ApiState,
     gateway: String,
@@ -144,7 +144,6 @@ async fn store_one(
         .ok_or_else(|| {
             herald_store::StoreError::Corrupt("storing a receipt answered no id".into())
         })?;
-    state.wakeups.wake([partition]);
     metrics::counter!(RECEIPTS).increment(1);
     Ok(id)
 }
@@ -207,13 +206,11 @@ pub(crate) async fn accept_receipt_batch(
             }
         })
         .collect();
-    let partitions: Vec<u32> = receipts.iter().map(|r| r.partition).collect();
     let count = receipts.len();
     // The batch's receipts share a transaction with concurrent receipt requests, all of the
     // batch in the same one.
     match state.receipts.write(receipts).await {
         Ok(ids) => {
-            state.wakeups.wake(partitions);
             metrics::counter!(RECEIPTS).increment(ids.len() as u64);
             (
                 StatusCode::ACCEPTED,

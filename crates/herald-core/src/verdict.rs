@@ -253,7 +253,7 @@ pub enum Finding {
     Parked,
     /// Status jobs (receipts) whose outbox row is not DONE.
     ReceiptsUnfinished,
-    /// Messages without their send outbox row, or receipts without their status outbox row:
+    /// Messages without their send outbox row, or receipts no status outbox row names:
     /// something deleted the proof (rule R3).
     OutboxRowsMissing,
 }

@@ -21,8 +21,8 @@ pub struct NewReceipt {
     pub partition: u32,
 }
 
-/// Stores a provider's receipt byte for byte together with its `status` outbox row, in one
-/// transaction. Nothing is interpreted here: a receipt that cannot be applied is parked later
+/// Stores a provider's receipt byte for byte together with a `status` outbox row for it, in
+/// one transaction. Nothing is interpreted here: a receipt that cannot be applied is parked later
 /// by the status worker. Returns the receipt id. The caller wakes the partition's poller
 /// after the commit ([`crate::wakeups::Wakeups`]). [`accept_receipts`] for one.
 pub async fn accept_receipt(
@@ -44,9 +44,14 @@ pub async fn accept_receipt(
         .ok_or_else(|| StoreError::Corrupt("storing a receipt returned no id".to_owned()))
 }
 
-/// Stores many receipts, each with its `status` outbox row, in one statement (one
-/// transaction); answers their ids in input order. Status jobs are queued in input order, so
-/// receipts of one message keep the order they came in.
+/// The most receipts one status job carries.
+pub const RECEIPTS_PER_JOB: usize = 100;
+
+/// Stores many receipts in one statement (one transaction), with one `status` outbox row per
+/// [`RECEIPTS_PER_JOB`] of them (payload `{"receipt_ids": [...]}`, in input order, on the
+/// partition of the first); answers their ids in input order. A job's receipts are applied
+/// in the order they came; two jobs may be applied in either order (a message's state is
+/// ranked, not last-written, see `docs/DESIGN.md`).
 pub async fn accept_receipts<R: std::borrow::Borrow<NewReceipt>>(
     pool: &PgPool,
     receipts: &[R],
@@ -68,7 +73,9 @@ pub async fn accept_receipts<R: std::borrow::Borrow<NewReceipt>>(
                  SELECT id, gateway, raw, content_type FROM input
              ), queued AS (
                  INSERT INTO outbox (partition, job_type, payload)
-                 SELECT partition, $5, jsonb_build_object('receipt_id', id) FROM input ORDER BY ord
+                 SELECT (array_agg(partition ORDER BY ord))[1], $5,
+                        jsonb_build_object('receipt_ids', jsonb_agg(id ORDER BY ord))
+                 FROM input GROUP BY (ord - 1) / $6 ORDER BY min(ord)
              )
              SELECT id FROM input ORDER BY ord",
         )
@@ -97,6 +104,7 @@ pub async fn accept_receipts<R: std::borrow::Borrow<NewReceipt>>(
                 .collect::<Vec<_>>(),
         )
         .bind(JobType::Status.as_str())
+        .bind(RECEIPTS_PER_JOB as i64)
         .fetch_all(&mut *conn)
         .await
         // One statement, committed on its own: once sent, a broken connection may hide a commit.
@@ -255,76 +263,16 @@ pub struct ReceiptToHold {
 /// Holds receipts no recorded send matches yet: each status job becomes DONE and its receipt
 /// waits in `held_receipts`, in one statement, charged nothing. [`release_held_receipts`]
 /// queues it again once a ledger row matches. Returns the (partition, outbox id) of the jobs
-/// held; the others were another copy's.
+/// held; the others were another copy's. [`finish_status_jobs`] with holds only.
 pub async fn hold_receipts(
     pool: &PgPool,
     receipts: &[ReceiptToHold],
 ) -> Result<Vec<(u32, i64)>, StoreError> {
-    if receipts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sorted: Vec<&ReceiptToHold> = receipts.iter().collect();
-    let held: Vec<(i32, i64)> = measured(
-        Operation::Hold,
-        sqlx::query_as(
-            "WITH input AS (
-                 SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::bigint[], $4::text[],
-                                      $5::text[], $6::timestamptz[], $7::timestamptz[])
-                     AS t(partition, id, receipt_id, gateway, provider_id, provider_time,
-                          superseding)
-             ), locked AS (
-                 SELECT x.* FROM (SELECT * FROM input ORDER BY partition, id) i
-                 CROSS JOIN LATERAL (
-                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
-                     WHERE o.partition = i.partition AND o.id = i.id
-                       AND o.status IN ('PROCESSING', 'PUBLISHED')
-                     FOR UPDATE OF o) x
-             ), done AS (
-                 UPDATE outbox o SET status = 'DONE',
-                        last_error = 'held: no unsettled send with this provider id is recorded yet'
-                 WHERE o.ctid = ANY(ARRAY(SELECT tid FROM locked))
-                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
-                   AND o.status IN ('PROCESSING', 'PUBLISHED')
-                 RETURNING o.partition, o.id
-             ), held AS (
-                 INSERT INTO held_receipts (receipt_id, gateway, provider_id, provider_time,
-                                            partition, superseding)
-                 SELECT i.receipt_id, i.gateway, i.provider_id, i.provider_time, i.partition,
-                        i.superseding
-                 FROM input i JOIN done d ON d.partition = i.partition AND d.id = i.id
-                 ON CONFLICT (receipt_id) DO NOTHING
-             )
-             SELECT partition, id FROM done",
-        )
-        .bind(
-            sorted
-                .iter()
-                .map(|r| r.partition as i32)
-                .collect::<Vec<_>>(),
-        )
-        .bind(sorted.iter().map(|r| r.outbox_id).collect::<Vec<_>>())
-        .bind(sorted.iter().map(|r| r.receipt_id).collect::<Vec<_>>())
-        .bind(
-            sorted
-                .iter()
-                .map(|r| r.gateway.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            sorted
-                .iter()
-                .map(|r| r.provider_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(sorted.iter().map(|r| r.provider_time).collect::<Vec<_>>())
-        .bind(sorted.iter().map(|r| r.superseding).collect::<Vec<_>>())
-        .fetch_all(pool),
-    )
-    .await?;
-    Ok(held
-        .into_iter()
-        .map(|(partition, id)| (partition as u32, id))
-        .collect())
+    let outcomes = StatusOutcomes {
+        holds: receipts.to_vec(),
+        ..StatusOutcomes::default()
+    };
+    finish_status_jobs(pool, &outcomes.jobs(), &outcomes).await
 }
 
 /// Queues a new status job for every held receipt a ledger row now matches (at most `limit`),
@@ -440,34 +388,89 @@ pub struct ReceiptToApply {
 /// has) finishes its job and appends nothing: a provider that posts a receipt twice does not
 /// write the history twice.
 /// Returns the (partition, outbox id) of the jobs applied; the others were another copy's.
+/// [`finish_status_jobs`] with applies only.
 pub async fn apply_receipts(
     pool: &PgPool,
     receipts: &[ReceiptToApply],
 ) -> Result<Vec<(u32, i64)>, StoreError> {
-    if receipts.is_empty() {
+    let outcomes = StatusOutcomes {
+        applies: receipts.to_vec(),
+        ..StatusOutcomes::default()
+    };
+    finish_status_jobs(pool, &outcomes.jobs(), &outcomes).await
+}
+
+/// A status job's input to park with the reason: a receipt that cannot be applied (its raw
+/// bytes), or a job that names no receipt (its payload).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceiptToPark {
+    pub partition: u32,
+    pub outbox_id: i64,
+    pub receipt_id: Option<i64>,
+    pub raw: Vec<u8>,
+    pub reason: String,
+}
+
+/// What the receipts of a batch of status jobs came to: each names its job.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatusOutcomes {
+    pub parks: Vec<ReceiptToPark>,
+    pub holds: Vec<ReceiptToHold>,
+    pub applies: Vec<ReceiptToApply>,
+}
+
+impl StatusOutcomes {
+    /// Every job named, once.
+    pub fn jobs(&self) -> Vec<(u32, i64)> {
+        let mut jobs: Vec<(u32, i64)> = self
+            .parks
+            .iter()
+            .map(|p| (p.partition, p.outbox_id))
+            .chain(self.holds.iter().map(|h| (h.partition, h.outbox_id)))
+            .chain(self.applies.iter().map(|a| (a.partition, a.outbox_id)))
+            .collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        jobs
+    }
+}
+
+/// Finishes a batch of status jobs in one statement: every job still PROCESSING/PUBLISHED
+/// becomes DONE, and with it, for every receipt of those jobs, what it came to — parked with
+/// its raw body and reason, held until its send is recorded, or its state appended (final
+/// states end the wait for a receipt). A job holds one receipt or many (a batch the API stored
+/// together); its receipts are finished all together or not at all, so a worker that dies
+/// half-way leaves nothing half-applied, and a second copy of a finished job writes nothing.
+/// A receipt the message already has (same state, provider status and provider time, in its
+/// history or earlier in this batch) appends nothing. Returns the (partition, outbox id) of
+/// the jobs finished here; the others were another copy's.
+pub async fn finish_status_jobs(
+    pool: &PgPool,
+    jobs: &[(u32, i64)],
+    outcomes: &StatusOutcomes,
+) -> Result<Vec<(u32, i64)>, StoreError> {
+    if jobs.is_empty() {
         return Ok(Vec::new());
     }
-    let partitions: Vec<i32> = receipts.iter().map(|r| r.partition as i32).collect();
-    let ids: Vec<i64> = receipts.iter().map(|r| r.outbox_id).collect();
-    let messages: Vec<Uuid> = receipts.iter().map(|r| r.message_id).collect();
-    let states: Vec<&str> = receipts.iter().map(|r| r.state.as_str()).collect();
-    let details: Vec<Json<&serde_json::Value>> = receipts.iter().map(|r| Json(&r.detail)).collect();
-    let finals: Vec<bool> = receipts
+    let StatusOutcomes {
+        parks,
+        holds,
+        applies,
+    } = outcomes;
+    let finals: Vec<bool> = applies
         .iter()
         .map(|r| herald_core::receipt::is_final(r.state))
         .collect();
-    let applied: Vec<(i32, i64)> = measured(
+    let done: Vec<(i32, i64)> = measured(
         Operation::ReceiptApply,
         sqlx::query_as(
-            "WITH input AS (
-                 SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::uuid[], $4::text[],
-                                      $5::jsonb[], $6::bool[]) WITH ORDINALITY
-                     AS t(partition, id, message_id, state, detail, is_final, ord)
+            "WITH jobs AS (
+                 SELECT DISTINCT * FROM UNNEST($1::int[], $2::bigint[]) AS t(partition, id)
              ), locked AS (
-                 SELECT x.* FROM (SELECT * FROM input ORDER BY partition, id) i
+                 SELECT x.* FROM (SELECT * FROM jobs ORDER BY partition, id) j
                  CROSS JOIN LATERAL (
                      SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
-                     WHERE o.partition = i.partition AND o.id = i.id
+                     WHERE o.partition = j.partition AND o.id = j.id
                        AND o.status IN ('PROCESSING', 'PUBLISHED')
                      FOR UPDATE OF o) x
              ), done AS (
@@ -476,19 +479,40 @@ pub async fn apply_receipts(
                    AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
                    AND o.status IN ('PROCESSING', 'PUBLISHED')
                  RETURNING o.partition, o.id
+             ), parked AS (
+                 INSERT INTO parking (job_type, receipt_id, raw, reason)
+                 SELECT 'status', p.receipt_id, p.raw, p.reason
+                 FROM UNNEST($3::int[], $4::bigint[], $5::bigint[], $6::bytea[], $7::text[])
+                      WITH ORDINALITY AS p(partition, id, receipt_id, raw, reason, ord)
+                 JOIN done d ON d.partition = p.partition AND d.id = p.id
+                 ORDER BY p.ord
+             ), held AS (
+                 INSERT INTO held_receipts (receipt_id, gateway, provider_id, provider_time,
+                                            partition, superseding)
+                 SELECT h.receipt_id, h.gateway, h.provider_id, h.provider_time, h.partition,
+                        h.superseding
+                 FROM UNNEST($8::int[], $9::bigint[], $10::bigint[], $11::text[], $12::text[],
+                             $13::timestamptz[], $14::timestamptz[])
+                      AS h(partition, id, receipt_id, gateway, provider_id, provider_time,
+                           superseding)
+                 JOIN done d ON d.partition = h.partition AND d.id = h.id
+                 ON CONFLICT (receipt_id) DO NOTHING
              ), applied AS (
-                 SELECT i.* FROM input i JOIN done d ON d.partition = i.partition AND d.id = i.id
+                 SELECT a.* FROM UNNEST($15::int[], $16::bigint[], $17::uuid[], $18::text[],
+                                        $19::jsonb[], $20::bool[]) WITH ORDINALITY
+                     AS a(partition, id, message_id, state, detail, is_final, ord)
+                 JOIN done d ON d.partition = a.partition AND d.id = a.id
              ), settled AS (
                  DELETE FROM awaiting_receipt
                  WHERE message_id = ANY(ARRAY(SELECT message_id FROM applied WHERE is_final))
              ), fresh AS (
                  -- A receipt the message already has (same state, provider status and
-                 -- provider time), in its history or earlier in this group, adds nothing.
+                 -- provider time), in its history or earlier in this batch, adds nothing.
+                 -- (A count per receipt, not NOT EXISTS: the planner turns that into an
+                 -- anti-join over every event; this probes each message's own events.)
                  SELECT DISTINCT ON (a.message_id, a.state, a.detail->>'provider_status',
                                      a.detail->>'provider_time')
                         a.message_id, a.state, a.detail, a.ord
-                 -- (A count per receipt, not NOT EXISTS: the planner turns that into an
-                 -- anti-join over every event; this probes each message's own events.)
                  FROM applied a CROSS JOIN LATERAL (
                      SELECT count(*) AS copies FROM message_events e
                      WHERE e.message_id = a.message_id AND e.state = a.state
@@ -503,18 +527,42 @@ pub async fn apply_receipts(
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, state, detail FROM fresh ORDER BY ord
              )
-             SELECT partition, id FROM applied",
+             SELECT partition, id FROM done",
         )
-        .bind(&partitions)
-        .bind(&ids)
-        .bind(&messages)
-        .bind(&states)
-        .bind(&details)
+        .bind(jobs.iter().map(|j| j.0 as i32).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.1).collect::<Vec<_>>())
+        .bind(parks.iter().map(|p| p.partition as i32).collect::<Vec<_>>())
+        .bind(parks.iter().map(|p| p.outbox_id).collect::<Vec<_>>())
+        .bind(parks.iter().map(|p| p.receipt_id).collect::<Vec<_>>())
+        .bind(parks.iter().map(|p| p.raw.as_slice()).collect::<Vec<_>>())
+        .bind(parks.iter().map(|p| p.reason.as_str()).collect::<Vec<_>>())
+        .bind(holds.iter().map(|h| h.partition as i32).collect::<Vec<_>>())
+        .bind(holds.iter().map(|h| h.outbox_id).collect::<Vec<_>>())
+        .bind(holds.iter().map(|h| h.receipt_id).collect::<Vec<_>>())
+        .bind(holds.iter().map(|h| h.gateway.as_str()).collect::<Vec<_>>())
+        .bind(
+            holds
+                .iter()
+                .map(|h| h.provider_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(holds.iter().map(|h| h.provider_time).collect::<Vec<_>>())
+        .bind(holds.iter().map(|h| h.superseding).collect::<Vec<_>>())
+        .bind(
+            applies
+                .iter()
+                .map(|r| r.partition as i32)
+                .collect::<Vec<_>>(),
+        )
+        .bind(applies.iter().map(|r| r.outbox_id).collect::<Vec<_>>())
+        .bind(applies.iter().map(|r| r.message_id).collect::<Vec<_>>())
+        .bind(applies.iter().map(|r| r.state.as_str()).collect::<Vec<_>>())
+        .bind(applies.iter().map(|r| Json(&r.detail)).collect::<Vec<_>>())
         .bind(&finals)
         .fetch_all(pool),
     )
     .await?;
-    Ok(applied
+    Ok(done
         .into_iter()
         .map(|(partition, id)| (partition as u32, id))
         .collect())

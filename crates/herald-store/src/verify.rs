@@ -136,7 +136,7 @@ pub struct DatabaseFindings {
     pub parked: u64,
     /// Status outbox rows not DONE.
     pub receipts_unfinished: u64,
-    /// Messages without their send outbox row plus receipts without their status outbox row.
+    /// Messages without their send outbox row plus receipts no status outbox row names.
     pub outbox_rows_missing: u64,
 }
 
@@ -152,9 +152,13 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
                   WHERE NOT EXISTS (SELECT 1 FROM outbox o
                                     WHERE o.message_id = m.id AND o.job_type = 'send')),
                  (SELECT count(*) FROM receipts r
-                  WHERE NOT EXISTS (SELECT 1 FROM outbox o
-                                    WHERE o.job_type = 'status'
-                                      AND o.payload->>'receipt_id' = r.id::text))",
+                  WHERE r.id NOT IN (
+                      SELECT (o.payload->>'receipt_id')::bigint FROM outbox o
+                      WHERE o.job_type = 'status' AND o.payload ? 'receipt_id'
+                      UNION ALL
+                      SELECT jsonb_array_elements_text(o.payload->'receipt_ids')::bigint
+                      FROM outbox o
+                      WHERE o.job_type = 'status' AND o.payload ? 'receipt_ids'))",
         )
         .fetch_one(pool)
         .await?;

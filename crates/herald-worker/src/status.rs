@@ -3,9 +3,9 @@
 //! failing parks the raw receipt with the reason. The message is found by (gateway, provider
 //! id) and the provider's time: the effect whose first attempt started last before the
 //! receipt was written. A receipt whose send is not recorded yet is held, uncharged, until it
-//! is (then queued again), or parked after the hold window. The state is appended and the job
-//! marked DONE in one statement, so a crash at any point leaves the job to be handled again,
-//! never half-applied.
+//! is (then queued again), or parked after the hold window. A job carries one receipt or a
+//! batch of them; every receipt's end is written and the job marked DONE in one statement, so
+//! a crash at any point leaves the job to be handled again, never half-applied.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,9 +16,9 @@ use herald_core::JobType;
 use herald_core::MessageState;
 use herald_queue::Delivery;
 use herald_store::receipts::{
-    apply_receipts, count_held, hold_receipts, load_receipts, mark_silent_unknown,
-    messages_for_receipts, park, park_expired_held, release_held_receipts, settled_sends,
-    ReceiptToApply, ReceiptToHold, StoredReceipt,
+    count_held, finish_status_jobs, load_receipts, mark_silent_unknown, messages_for_receipts,
+    park_expired_held, release_held_receipts, settled_sends, ReceiptToApply, ReceiptToHold,
+    ReceiptToPark, StatusOutcomes, StoredReceipt,
 };
 use herald_store::wakeups::Wakeups;
 use herald_store::StoreError;
@@ -66,9 +66,14 @@ struct Mapped<'a> {
 /// A matched message, with the status and time its receipt states.
 type SettledCheck = (uuid::Uuid, String, chrono::DateTime<chrono::Utc>);
 
-/// Where one job of a batch stands.
+/// Where one receipt of a job stands before the batch's lookups.
 enum Step<'a> {
-    Finished(Applied),
+    /// Cannot be applied: parked with its raw input and the reason.
+    Park {
+        receipt_id: Option<i64>,
+        raw: Vec<u8>,
+        reason: String,
+    },
     Mapped(Mapped<'a>),
 }
 
@@ -92,8 +97,8 @@ fn status_job(delivery: Delivery) -> Option<Job> {
     }
 }
 
-/// Counts one receipt's end; every end is recorded in PostgreSQL, so the entry is done.
-fn counted(job: &Job, applied: Applied) -> Handled {
+/// Counts one receipt's end (every end is recorded in PostgreSQL).
+fn counted(job: &Job, applied: Applied) {
     match applied {
         Applied::State(state) => {
             outcome("applied");
@@ -107,7 +112,6 @@ fn counted(job: &Job, applied: Applied) -> Handled {
         Applied::Held => outcome("held"),
         Applied::StaleCopy => outcome("stale_copy"),
     }
-    Handled::Done
 }
 
 impl Handler for StatusHandler {
@@ -136,19 +140,22 @@ impl Handler for StatusHandler {
         let mut result = self.apply_batch(&just_jobs).await;
         for _ in 0..3 {
             let Err(err) = &result else { break };
-            tracing::warn!(error = %err, receipts = jobs.len(), "applying a batch of receipts failed; trying again");
+            tracing::warn!(error = %err, jobs = jobs.len(), "applying a batch of receipts failed; trying again");
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             result = self.apply_batch(&just_jobs).await;
         }
         match result {
             Ok(ends) => {
-                for ((entry_id, job), applied) in jobs.iter().zip(ends) {
-                    answers.push((entry_id.clone(), counted(job, applied)));
+                for ((entry_id, job), receipts) in jobs.iter().zip(ends) {
+                    for applied in receipts {
+                        counted(job, applied);
+                    }
+                    answers.push((entry_id.clone(), Handled::Done));
                 }
             }
             Err(err) => {
                 outcome("store_error");
-                tracing::error!(error = %err, receipts = jobs.len(),
+                tracing::error!(error = %err, jobs = jobs.len(),
                     "could not record the receipts' outcome; leaving the entries to be reclaimed");
                 answers.extend(jobs.into_iter().map(|(entry, _)| (entry, Handled::Keep)));
             }
@@ -158,45 +165,59 @@ impl Handler for StatusHandler {
 }
 
 impl StatusHandler {
-    /// The end of every job, in order.
-    async fn apply_batch(&self, jobs: &[&Job]) -> Result<Vec<Applied>, StoreError> {
-        let ids: Vec<i64> = jobs.iter().filter_map(|job| receipt_id(job)).collect();
+    /// The end of every receipt of every job, in order: the batch's receipts loaded in one
+    /// query, their messages found in one query, and every job finished (its receipts parked,
+    /// held or applied, the job DONE) in one statement.
+    async fn apply_batch(&self, jobs: &[&Job]) -> Result<Vec<Vec<Applied>>, StoreError> {
+        let ids: Vec<i64> = jobs.iter().flat_map(|job| receipt_ids(job)).collect();
         let receipts = load_receipts(&self.pool, &ids).await?;
-        let mut steps = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            steps.push(self.map(job, &receipts).await?);
+        // (job index, step) for every receipt of every job, in order.
+        let mut steps: Vec<(usize, Step)> = Vec::with_capacity(ids.len().max(jobs.len()));
+        for (at, job) in jobs.iter().enumerate() {
+            let ids = receipt_ids(job);
+            if ids.is_empty() {
+                steps.push((
+                    at,
+                    Step::Park {
+                        receipt_id: None,
+                        raw: job.payload.to_string().into_bytes(),
+                        reason: "status job without a receipt_id or receipt_ids".to_owned(),
+                    },
+                ));
+            }
+            for id in ids {
+                steps.push((at, self.map(id, &receipts)));
+            }
         }
-        let lookups: Vec<_> = steps
+        let mapped: Vec<(usize, &Mapped)> = steps
             .iter()
-            .filter_map(|step| match step {
-                Step::Mapped(m) => Some((
+            .filter_map(|(at, step)| match step {
+                Step::Mapped(m) => Some((*at, m)),
+                Step::Park { .. } => None,
+            })
+            .collect();
+        let lookups: Vec<_> = mapped
+            .iter()
+            .map(|(_, m)| {
+                (
                     m.receipt.gateway.clone(),
                     m.provider_id.clone(),
                     m.written_by,
-                )),
-                Step::Finished(_) => None,
+                )
             })
             .collect();
         let found = messages_for_receipts(&self.pool, &lookups).await?;
         // A receipt whose matching send is already settled by another final receipt is most
         // likely for a newer send that reused the provider id and is not recorded yet: it is
         // held, unless it already waited that way for the whole window (`as_duplicate`).
-        let mapped: Vec<(&Job, &Mapped)> = jobs
-            .iter()
-            .zip(&steps)
-            .filter_map(|(job, step)| match step {
-                Step::Mapped(m) => Some((*job, m)),
-                Step::Finished(_) => None,
-            })
-            .collect();
         let checks: Vec<(usize, SettledCheck)> = mapped
             .iter()
             .zip(&found)
             .enumerate()
-            .filter_map(|(at, ((job, m), message))| {
+            .filter_map(|(i, ((at, m), message))| {
                 let message = (*message)?;
-                (!as_duplicate(job))
-                    .then(|| (at, (message, m.provider_status.clone(), m.provider_time)))
+                (!as_duplicate(jobs[*at]))
+                    .then(|| (i, (message, m.provider_status.clone(), m.provider_time)))
             })
             .collect();
         let settled = settled_sends(
@@ -205,29 +226,49 @@ impl StatusHandler {
         )
         .await?;
         let mut superseding = vec![None; found.len()];
-        for ((at, _), submitted) in checks.iter().zip(settled) {
-            superseding[*at] = submitted;
+        for ((i, _), submitted) in checks.iter().zip(settled) {
+            superseding[*i] = submitted;
         }
         let mut superseding = superseding.into_iter();
         let mut found = found.into_iter();
-        let mut to_apply = Vec::new();
-        let mut to_hold = Vec::new();
-        let mut ends: Vec<Option<Applied>> = Vec::with_capacity(jobs.len());
-        for (job, step) in jobs.iter().zip(steps) {
+        let mut outcomes = StatusOutcomes::default();
+        let mut ends: Vec<(usize, Applied)> = Vec::with_capacity(steps.len());
+        for (at, step) in steps {
+            let job = jobs[at];
             let mapped = match step {
-                Step::Finished(applied) => {
-                    ends.push(Some(applied));
+                Step::Park {
+                    receipt_id,
+                    raw,
+                    reason,
+                } => {
+                    outcomes.parks.push(ReceiptToPark {
+                        partition: job.partition,
+                        outbox_id: job.outbox_id,
+                        receipt_id,
+                        raw,
+                        reason: reason.clone(),
+                    });
+                    ends.push((at, Applied::Parked(reason)));
                     continue;
                 }
                 Step::Mapped(mapped) => mapped,
             };
             let settled = superseding.next().flatten();
-            let message_id = match found.next().flatten() {
-                Some(message_id) if settled.is_none() => message_id,
+            match found.next().flatten() {
+                Some(message_id) if settled.is_none() => {
+                    ends.push((at, Applied::State(mapped.state.as_str())));
+                    outcomes.applies.push(ReceiptToApply {
+                        partition: job.partition,
+                        outbox_id: job.outbox_id,
+                        message_id,
+                        state: mapped.state,
+                        detail: mapped.detail,
+                    });
+                }
                 // The send is not recorded yet (or only an older, settled send with this id
                 // is): hold the receipt until it is.
                 _ => {
-                    to_hold.push(ReceiptToHold {
+                    outcomes.holds.push(ReceiptToHold {
                         partition: job.partition,
                         outbox_id: job.outbox_id,
                         receipt_id: mapped.receipt.id,
@@ -236,104 +277,62 @@ impl StatusHandler {
                         provider_time: mapped.written_by,
                         superseding: settled,
                     });
-                    ends.push(Some(Applied::Held));
-                    continue;
+                    ends.push((at, Applied::Held));
                 }
-            };
-            to_apply.push(ReceiptToApply {
-                partition: job.partition,
-                outbox_id: job.outbox_id,
-                message_id,
-                state: mapped.state,
-                detail: mapped.detail,
-            });
-            ends.push(None);
+            }
         }
-        let held: std::collections::HashSet<(u32, i64)> = hold_receipts(&self.pool, &to_hold)
-            .await?
-            .into_iter()
-            .collect();
-        if !to_hold.is_empty() {
+        let keys: Vec<(u32, i64)> = jobs.iter().map(|j| (j.partition, j.outbox_id)).collect();
+        let finished: std::collections::HashSet<(u32, i64)> =
+            finish_status_jobs(&self.pool, &keys, &outcomes)
+                .await?
+                .into_iter()
+                .collect();
+        if !outcomes.holds.is_empty() {
             tracing::info!(
-                held = held.len(),
+                held = outcomes.holds.len(),
                 "receipts whose send is not recorded yet are held until it is"
             );
         }
-        let mut held_ends = to_hold.iter().map(|r| {
-            if held.contains(&(r.partition, r.outbox_id)) {
-                Applied::Held
+        let mut per_job: Vec<Vec<Applied>> = vec![Vec::new(); jobs.len()];
+        for (at, end) in ends {
+            let job = jobs[at];
+            per_job[at].push(if finished.contains(&(job.partition, job.outbox_id)) {
+                end
             } else {
                 Applied::StaleCopy
-            }
-        });
-        let ends: Vec<Option<Applied>> = ends
-            .into_iter()
-            .map(|end| match end {
-                Some(Applied::Held) => held_ends.next(),
-                other => other,
-            })
-            .collect();
-        let applied: std::collections::HashSet<(u32, i64)> = apply_receipts(&self.pool, &to_apply)
-            .await?
-            .into_iter()
-            .collect();
-        let mut applied_states = to_apply.iter().map(|r| {
-            if applied.contains(&(r.partition, r.outbox_id)) {
-                Applied::State(r.state.as_str())
-            } else {
-                Applied::StaleCopy
-            }
-        });
-        Ok(ends
-            .into_iter()
-            .map(|end| {
-                end.or_else(|| applied_states.next())
-                    .unwrap_or(Applied::StaleCopy)
-            })
-            .collect())
+            });
+        }
+        Ok(per_job)
     }
 
-    /// Decodes one job's receipt, maps its status and parses its timestamp; anything that
-    /// fails is parked with the raw body and the reason.
-    async fn map<'a>(
-        &self,
-        job: &Job,
-        receipts: &'a HashMap<i64, StoredReceipt>,
-    ) -> Result<Step<'a>, StoreError> {
-        let Some(id) = receipt_id(job) else {
-            let raw = job.payload.to_string();
-            let reason = "status job without a receipt_id".to_owned();
-            return self.park(job, None, raw.as_bytes(), reason).await;
-        };
+    /// Decodes one receipt, maps its status and parses its timestamp; anything that fails is
+    /// to be parked with the raw body and the reason.
+    fn map<'a>(&self, id: i64, receipts: &'a HashMap<i64, StoredReceipt>) -> Step<'a> {
         let Some(receipt) = receipts.get(&id) else {
-            let reason = format!("receipt {id} does not exist");
-            return self
-                .park(job, None, job.payload.to_string().as_bytes(), reason)
-                .await;
+            return Step::Park {
+                receipt_id: None,
+                raw: serde_json::json!({ "receipt_id": id })
+                    .to_string()
+                    .into_bytes(),
+                reason: format!("receipt {id} does not exist"),
+            };
+        };
+        let park = |reason: String| Step::Park {
+            receipt_id: Some(receipt.id),
+            raw: receipt.raw.clone(),
+            reason,
         };
         let decoded = match decode(&receipt.raw) {
             Ok(decoded) => decoded,
-            Err(err) => {
-                return self
-                    .park(job, Some(receipt.id), &receipt.raw, err.to_string())
-                    .await
-            }
+            Err(err) => return park(err.to_string()),
         };
         let state = match map_status(&decoded.status, &self.settings.aliases) {
             Ok(state) => state,
-            Err(err) => {
-                return self
-                    .park(job, Some(receipt.id), &receipt.raw, err.to_string())
-                    .await
-            }
+            Err(err) => return park(err.to_string()),
         };
         let provider_time = match parse_timestamp(&decoded.timestamp) {
             Ok(time) => time,
-            Err(err) => {
-                return self
-                    .park(job, Some(receipt.id), &receipt.raw, err.to_string())
-                    .await
-            }
+            Err(err) => return park(err.to_string()),
         };
         let detail = serde_json::json!({
             "gateway": receipt.gateway,
@@ -345,7 +344,7 @@ impl StatusHandler {
         let resolution = herald_core::receipt::timestamp_resolution(&decoded.timestamp);
         let written_by = provider_time
             + chrono::Duration::from_std(resolution).unwrap_or_else(|_| chrono::Duration::zero());
-        Ok(Step::Mapped(Mapped {
+        Step::Mapped(Mapped {
             receipt,
             provider_id: decoded.provider_id,
             written_by,
@@ -353,32 +352,24 @@ impl StatusHandler {
             provider_time,
             state,
             detail,
-        }))
+        })
     }
+}
 
-    /// Parks a job's input (the job becomes DONE in the same statement).
-    async fn park<'a>(
-        &self,
-        job: &Job,
-        receipt_id: Option<i64>,
-        raw: &[u8],
-        reason: String,
-    ) -> Result<Step<'a>, StoreError> {
-        let parked = park(
-            &self.pool,
-            job.partition,
-            job.outbox_id,
-            JobType::Status,
-            receipt_id,
-            raw,
-            &reason,
-        )
-        .await?;
-        Ok(Step::Finished(match parked {
-            Some(_) => Applied::Parked(reason),
-            None => Applied::StaleCopy,
-        }))
+/// The receipts a status job names: `receipt_ids` (the API stores a batch of receipts as one
+/// job), or one `receipt_id` (a released or replayed receipt, and jobs queued by earlier
+/// versions). Empty when the payload names none, or names one that is not an id: such a
+/// job is parked with its payload, never dropped.
+fn receipt_ids(job: &Job) -> Vec<i64> {
+    if let Some(ids) = job.payload.get("receipt_ids").and_then(|v| v.as_array()) {
+        let valid: Vec<i64> = ids.iter().filter_map(|v| v.as_i64()).collect();
+        return if valid.len() == ids.len() {
+            valid
+        } else {
+            Vec::new()
+        };
     }
+    receipt_id(job).into_iter().collect()
 }
 
 fn receipt_id(job: &Job) -> Option<i64> {

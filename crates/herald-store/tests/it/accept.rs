@@ -2,7 +2,7 @@ use herald_core::MessageState;
 use herald_store::accept::{accept_each, accept_messages, AcceptError, KeyReused, NewMessage};
 use herald_store::group::{GroupCommit, GroupSettings};
 use herald_store::messages::message_with_history;
-use herald_store::receipts::{accept_receipts, NewReceipt};
+use herald_store::receipts::{accept_receipts, NewReceipt, RECEIPTS_PER_JOB};
 use herald_store::StoreError;
 
 use crate::{count, message, migrated};
@@ -123,7 +123,7 @@ async fn a_shared_transaction_answers_each_request_on_its_own() {
     assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 5);
 }
 
-/// Receipts written together get their ids and status jobs in input order.
+/// Receipts written together get their ids in input order and share status jobs.
 #[tokio::test]
 async fn receipts_written_together_keep_their_order() {
     let (_pg, pool) = migrated(8).await;
@@ -148,16 +148,39 @@ async fn receipts_written_together_keep_their_order() {
         assert_eq!(raw, receipt.raw);
         assert_eq!(content_type, receipt.content_type);
     }
-    let jobs: Vec<(i64, i32)> = sqlx::query_as(
-        "SELECT (payload->>'receipt_id')::bigint, partition FROM outbox ORDER BY id",
+    // One status job carries them all, in order, on the first receipt's partition.
+    let jobs: Vec<(serde_json::Value, i32)> =
+        sqlx::query_as("SELECT payload, partition FROM outbox ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        jobs,
+        [(
+            serde_json::json!({ "receipt_ids": ids }),
+            receipts[0].partition as i32
+        )]
+    );
+    // More than a job carries are split in order.
+    let many: Vec<NewReceipt> = (0..(RECEIPTS_PER_JOB + 5))
+        .map(|i| NewReceipt {
+            gateway: "gw".to_owned(),
+            raw: format!("more {i}").into_bytes(),
+            content_type: None,
+            partition: 1,
+        })
+        .collect();
+    let ids = accept_receipts(&pool, &many).await.unwrap();
+    let sizes: Vec<Vec<i64>> = sqlx::query_scalar(
+        "SELECT ARRAY(SELECT jsonb_array_elements_text(payload->'receipt_ids')::bigint)
+         FROM outbox ORDER BY id OFFSET 1",
     )
     .fetch_all(&pool)
     .await
     .unwrap();
-    let expected: Vec<(i64, i32)> = ids
-        .iter()
-        .zip(&receipts)
-        .map(|(id, r)| (*id, r.partition as i32))
-        .collect();
-    assert_eq!(jobs, expected);
+    assert_eq!(sizes.concat(), ids);
+    assert_eq!(
+        sizes.iter().map(Vec::len).collect::<Vec<_>>(),
+        [RECEIPTS_PER_JOB, 5]
+    );
 }

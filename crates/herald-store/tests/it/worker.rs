@@ -686,3 +686,98 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     assert_eq!(last[0].payload["as_duplicate"], true);
     assert_eq!(last[0].payload["receipt_id"], waits);
 }
+
+/// A status job carrying several receipts is finished whole in one statement: one receipt
+/// parked, one held, one applied, the job DONE; a second copy of the job writes nothing.
+#[tokio::test]
+async fn a_status_job_s_receipts_are_finished_together_and_a_copy_writes_nothing() {
+    use herald_store::receipts::{
+        accept_receipts, finish_status_jobs, NewReceipt, ReceiptToApply, ReceiptToHold,
+        ReceiptToPark, StatusOutcomes,
+    };
+    let (_pg, pool) = migrated(4).await;
+    let sent = message(1, None, "batched receipts");
+    accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
+    let receipts: Vec<NewReceipt> = ["bad", "early", "good"]
+        .iter()
+        .map(|raw| NewReceipt {
+            gateway: "gw".to_owned(),
+            raw: raw.as_bytes().to_vec(),
+            content_type: None,
+            partition: 3,
+        })
+        .collect();
+    let ids = accept_receipts(&pool, &receipts).await.unwrap();
+    let (partition, job): (i32, i64) =
+        sqlx::query_as("SELECT partition, id FROM outbox WHERE job_type = 'status'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(partition, 3, "one job, on its first receipt's partition");
+    let outcomes = StatusOutcomes {
+        parks: vec![ReceiptToPark {
+            partition: 3,
+            outbox_id: job,
+            receipt_id: Some(ids[0]),
+            raw: b"bad".to_vec(),
+            reason: "undecodable".to_owned(),
+        }],
+        holds: vec![ReceiptToHold {
+            partition: 3,
+            outbox_id: job,
+            receipt_id: ids[1],
+            gateway: "gw".to_owned(),
+            provider_id: "7".to_owned(),
+            provider_time: chrono::Utc::now(),
+            superseding: None,
+        }],
+        applies: vec![ReceiptToApply {
+            partition: 3,
+            outbox_id: job,
+            message_id: sent.id,
+            state: herald_core::MessageState::Enroute,
+            detail: serde_json::json!({"provider_status": "ENROUTE", "receipt_id": ids[2]}),
+        }],
+    };
+    let rows = |pool: sqlx::PgPool| async move {
+        (
+            count(&pool, "SELECT count(*) FROM parking").await,
+            count(&pool, "SELECT count(*) FROM held_receipts").await,
+            count(
+                &pool,
+                "SELECT count(*) FROM message_events WHERE state = 'ENROUTE'",
+            )
+            .await,
+        )
+    };
+    // Not handed to a worker yet (PENDING): nothing is written.
+    assert!(finish_status_jobs(&pool, &outcomes.jobs(), &outcomes)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(rows(pool.clone()).await, (0, 0, 0));
+    sqlx::query("UPDATE outbox SET status = 'PUBLISHED' WHERE id = $1")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        finish_status_jobs(&pool, &outcomes.jobs(), &outcomes)
+            .await
+            .unwrap(),
+        [(3, job)]
+    );
+    assert_eq!(rows(pool.clone()).await, (1, 1, 1));
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM outbox WHERE status = 'DONE'").await,
+        1
+    );
+    // Another copy of the same job.
+    assert!(finish_status_jobs(&pool, &outcomes.jobs(), &outcomes)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(rows(pool.clone()).await, (1, 1, 1));
+}
