@@ -28,6 +28,10 @@ pub struct WorkerSettings {
     pub concurrency: usize,
     /// Most entries read (and handed to the handler) together.
     pub max_batch: usize,
+    /// Most batches handled at once per shard (0: as many as `concurrency` allows). A bound
+    /// makes entries gather in the stream while the batches in flight run, so the next read
+    /// takes many at once: the status handler's cost is per statement, not per receipt.
+    pub batches_in_flight: usize,
     /// Longest a read blocks waiting for new entries.
     pub read_block: Duration,
     /// An entry unacknowledged this long by its consumer is taken over.
@@ -42,6 +46,7 @@ impl Default for WorkerSettings {
             consumer: "worker".to_owned(),
             concurrency: 64,
             max_batch: 256,
+            batches_in_flight: 0,
             read_block: Duration::from_secs(1),
             reclaim_idle: Duration::from_secs(60),
             reclaim_interval: Duration::from_secs(15),
@@ -166,6 +171,12 @@ async fn read_shard<H: Handler>(
     let mut next_reclaim = tokio::time::Instant::now() + settings.reclaim_interval;
     while !cancel.is_cancelled() {
         while tasks.try_join_next().is_some() {}
+        if settings.batches_in_flight > 0 && tasks.len() >= settings.batches_in_flight {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tasks.join_next() => continue,
+            }
+        }
         // Read only as many entries as there are free slots, waiting for at least one.
         let one = tokio::select! {
             _ = cancel.cancelled() => break,

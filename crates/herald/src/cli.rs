@@ -565,6 +565,11 @@ pub struct WorkerArgs {
     /// one job per transaction, as Herald started (for comparison).
     #[arg(long, env = "HERALD_WORKER_MAX_BATCH", default_value_t = 256)]
     pub max_batch: usize,
+    /// Most batches handled at once per shard (0: as many as --concurrency allows). Default:
+    /// 0 for send (its batches wait on provider calls), 2 for status, whose cost is per
+    /// statement: while two batches are written, the next gathers in the stream.
+    #[arg(long, env = "HERALD_WORKER_BATCHES_IN_FLIGHT")]
+    pub batches_in_flight: Option<usize>,
     /// This consumer's name in the stream's group (default: host name and process id).
     #[arg(long, env = "HERALD_WORKER_ID")]
     pub worker_id: Option<String>,

@@ -51,7 +51,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     let credentials = credentials(&args.auth)?;
     let redis_tls = args.redis_tls.load()?;
     let metrics = telemetry::init_metrics()?;
-    let pool = super::connect(&args.database).await?;
+    let pool = super::connect(&args.database, false).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
     let state = ApiState::new(
         pool.clone(),

@@ -23,7 +23,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<i32> {
         )
         .into());
     }
-    let pool = super::connect(&args.database).await?;
+    let pool = super::connect(&args.database, false).await?;
     let locks = herald_store::migrate::LockPolicy {
         lock_timeout: args.lock_timeout,
         attempts: args.lock_attempts,

@@ -22,8 +22,9 @@ use sqlx::PgPool;
 use crate::cli::{ConfigError, DatabaseArgs};
 use crate::telemetry::Readiness;
 
-/// Opens the role's PostgreSQL pool.
-pub async fn connect(database: &DatabaseArgs) -> anyhow::Result<PgPool> {
+/// Opens the role's PostgreSQL pool. `generic_plans`: the role runs a few batched statements
+/// all the time (workers, pollers; see `herald_store::GENERIC_PLANS`).
+pub async fn connect(database: &DatabaseArgs, generic_plans: bool) -> anyhow::Result<PgPool> {
     if database.database_max_connections == 0 {
         return Err(ConfigError("--database-max-connections must be at least 1".to_owned()).into());
     }
@@ -31,6 +32,7 @@ pub async fn connect(database: &DatabaseArgs) -> anyhow::Result<PgPool> {
         url: database.database_url.clone(),
         max_connections: database.database_max_connections,
         acquire_timeout: std::time::Duration::from_secs(5),
+        generic_plans,
     })
     .await
     .map_err(|err| {

@@ -35,7 +35,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
     let redis_tls = args.queue.redis_tls.load()?;
     let etcd_access = etcd_access(&args)?;
     let metrics = telemetry::init_metrics()?;
-    let pool = super::connect(&args.database).await?;
+    let pool = super::connect(&args.database, true).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
     let admin_cancel = CancellationToken::new();
     let (queue, pressure) = (&args.queue, &args.queue.pressure);

@@ -69,7 +69,7 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         (JobType::Status, _) => None,
     };
     let metrics = telemetry::init_metrics()?;
-    let pool = super::connect(&args.database).await?;
+    let pool = super::connect(&args.database, true).await?;
     let admin_cancel = CancellationToken::new();
     let stores: Vec<_> = super::monitored_stores(
         &args.redis_url,
@@ -112,6 +112,10 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         consumer: consumer.clone(),
         concurrency: args.concurrency,
         max_batch: args.max_batch,
+        batches_in_flight: args.batches_in_flight.unwrap_or(match args.job_type {
+            JobType::Send => 0,
+            JobType::Status => 2,
+        }),
         reclaim_idle: args.reclaim_idle,
         ..WorkerSettings::default()
     };
