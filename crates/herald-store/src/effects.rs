@@ -192,9 +192,12 @@ pub async fn record_accepted_batch(
                  SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[])
                      AS t(idempotency_key, message_id, gateway, provider_id)
              ), effect AS (
+                 -- created_at is the clock while this statement holds its lock on the
+                 -- ledger, not the transaction's start: the reconciliation relies on it
+                 -- (receipts::ledger_committed_up_to).
                  INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id,
-                                     submitted_at)
-                 SELECT idempotency_key, message_id, gateway, provider_id,
+                                     created_at, submitted_at)
+                 SELECT idempotency_key, message_id, gateway, provider_id, clock_timestamp(),
                         coalesce((SELECT min(e.at) FROM message_events e
                                   WHERE e.message_id = input.message_id
                                     AND e.state = 'CLAIMED'), now())
@@ -204,10 +207,6 @@ pub async fn record_accepted_batch(
                  RETURNING idempotency_key, message_id, gateway, provider_id
              ), settled AS (
                  DELETE FROM in_flight_sends WHERE message_id = ANY($2)
-             ), awaiting AS (
-                 INSERT INTO awaiting_receipt (message_id)
-                 SELECT message_id FROM effect
-                 ON CONFLICT (message_id) DO NOTHING
              ), accepted AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, 'ACCEPTED',

@@ -16,9 +16,9 @@ use herald_core::JobType;
 use herald_core::MessageState;
 use herald_queue::Delivery;
 use herald_store::receipts::{
-    count_held, finish_status_jobs, load_receipts, mark_silent_unknown, messages_for_receipts,
-    park_expired_held, release_held_receipts, settled_sends, ReceiptToApply, ReceiptToHold,
-    ReceiptToPark, StatusOutcomes, StoredReceipt,
+    count_held, finish_status_jobs, ledger_committed_up_to, load_receipts, mark_silent_unknown,
+    messages_for_receipts, park_expired_held, reconcile_ledger, release_held_receipts,
+    settled_sends, ReceiptToApply, ReceiptToHold, ReceiptToPark, StatusOutcomes, StoredReceipt,
 };
 use herald_store::wakeups::Wakeups;
 use herald_store::StoreError;
@@ -387,7 +387,9 @@ fn outcome(label: &'static str) {
 }
 
 /// Rule R7: every `interval`, messages accepted longer than `window` ago without a final
-/// receipt become UNKNOWN (counted on their own), until `cancel`.
+/// receipt become UNKNOWN (counted on their own), until `cancel`. The ledger is read from
+/// where the last pass stopped, up to the moment every ledger row before it is committed less
+/// the window; messages of an earlier release still in `awaiting_receipt` are reconciled too.
 pub async fn reconcile_silent(
     pool: PgPool,
     window: Duration,
@@ -399,18 +401,40 @@ pub async fn reconcile_silent(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        loop {
-            match mark_silent_unknown(&pool, window, 1000).await {
-                Ok(0) => break,
-                Ok(count) => {
-                    ::metrics::counter!(m::UNKNOWN).increment(count);
-                    tracing::warn!(count, "no final receipt within the window: marked UNKNOWN");
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "reconciliation failed; retrying next interval");
-                    break;
-                }
-            }
+        if let Err(err) = reconcile_once(&pool, window).await {
+            tracing::warn!(error = %err, "reconciliation failed; retrying next interval");
+        }
+    }
+}
+
+/// One reconciliation pass: see [`reconcile_silent`].
+pub async fn reconcile_once(pool: &PgPool, window: Duration) -> Result<(), StoreError> {
+    let count = |marked: u64| {
+        if marked > 0 {
+            ::metrics::counter!(m::UNKNOWN).increment(marked);
+            tracing::warn!(
+                count = marked,
+                "no final receipt within the window: marked UNKNOWN"
+            );
+        }
+    };
+    loop {
+        let (marked, more) = mark_silent_unknown(pool, window, 1000).await?;
+        count(marked);
+        if !more {
+            break;
+        }
+    }
+    let Some(committed) = ledger_committed_up_to(pool, Duration::from_secs(5)).await? else {
+        tracing::info!("ledger writes still open after 5 s; reconciling the ledger next pass");
+        return Ok(());
+    };
+    let cutoff = committed - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
+    loop {
+        let (marked, more) = reconcile_ledger(pool, cutoff, 1000).await?;
+        count(marked);
+        if !more {
+            return Ok(());
         }
     }
 }

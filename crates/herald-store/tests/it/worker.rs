@@ -781,3 +781,107 @@ async fn a_status_job_s_receipts_are_finished_together_and_a_copy_writes_nothing
         .is_empty());
     assert_eq!(rows(pool.clone()).await, (1, 1, 1));
 }
+
+/// Rule R7 without a table of its own: the reconciliation reads the ledger rows created since
+/// its last pass, marks those without a final receipt UNKNOWN once, and does not move past a
+/// ledger write that is still open (its row would appear behind the watermark).
+#[tokio::test]
+async fn the_reconciliation_reads_the_ledger_once_and_waits_for_open_writes() {
+    use herald_store::receipts::{ledger_committed_up_to, reconcile_ledger};
+    let (_pg, pool) = migrated(4).await;
+    let sent: Vec<_> = (0..3).map(|i| message(i, None, "silent?")).collect();
+    accept_messages(&pool, &sent).await.unwrap();
+    let receipt = ProviderReceipt {
+        gateway: "gw".to_owned(),
+        provider_id: "1".to_owned(),
+    };
+    for m in &sent[..2] {
+        assert!(
+            record_accepted(&pool, m.id, &send_effect_key(m.id), &receipt)
+                .await
+                .unwrap()
+        );
+    }
+    // The first got its final receipt.
+    sqlx::query(
+        "INSERT INTO message_events (message_id, state, detail)
+         VALUES ($1, 'DELIVERED', '{\"provider_status\": \"DELIVRD\"}')",
+    )
+    .bind(sent[0].id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The third's ledger write is still open.
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id, created_at)
+         VALUES ($1, $2, 'gw', '2', clock_timestamp())",
+    )
+    .bind(send_effect_key(sent[2].id))
+    .bind(sent[2].id)
+    .execute(&mut *open)
+    .await
+    .unwrap();
+    assert_eq!(
+        ledger_committed_up_to(&pool, Duration::from_millis(200))
+            .await
+            .unwrap(),
+        None,
+        "an open ledger write holds the cutoff back"
+    );
+    open.commit().await.unwrap();
+    let cutoff = ledger_committed_up_to(&pool, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("no ledger write is open");
+    assert_eq!(
+        reconcile_ledger(&pool, cutoff, 1000).await.unwrap(),
+        (2, false)
+    );
+    let unknown = |id| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM message_events WHERE message_id = $1 AND state = 'UNKNOWN'",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(
+        unknown(sent[0].id).await,
+        0,
+        "a delivered message is never UNKNOWN"
+    );
+    assert_eq!(unknown(sent[1].id).await, 1);
+    assert_eq!(unknown(sent[2].id).await, 1);
+    // The next pass reads nothing twice.
+    assert_eq!(
+        reconcile_ledger(&pool, cutoff, 1000).await.unwrap(),
+        (0, false)
+    );
+    assert_eq!(unknown(sent[1].id).await, 1);
+    // A pass in batches of one gets through every row, one at a time.
+    let later: Vec<_> = (0..3).map(|i| message(i, None, "later")).collect();
+    accept_messages(&pool, &later).await.unwrap();
+    for m in &later {
+        record_accepted(&pool, m.id, &send_effect_key(m.id), &receipt)
+            .await
+            .unwrap();
+    }
+    let cutoff = ledger_committed_up_to(&pool, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut marked = 0;
+    loop {
+        let (count, more) = reconcile_ledger(&pool, cutoff, 1).await.unwrap();
+        marked += count;
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(marked, 3);
+}
