@@ -75,6 +75,7 @@ HERALD_ADMIN_LISTEN: {{ printf "0.0.0.0:%v" $w.adminPort | quote }}
 HERALD_REDIS_MAX_CONNECTIONS: {{ $w.redisMaxConnections | int64 | quote }}
 HERALD_WORKER_CONCURRENCY: {{ $w.concurrency | int64 | quote }}
 HERALD_WORKER_MAX_BATCH: {{ $w.maxBatch | int64 | quote }}
+HERALD_WORKER_BATCHES_IN_FLIGHT: {{ $w.batchesInFlight | int64 | quote }}
 HERALD_WORKER_RECLAIM_IDLE: {{ $w.reclaimIdle | quote }}
 {{ include "herald.config.pressure" .root }}
 {{- if eq .type "send" }}
