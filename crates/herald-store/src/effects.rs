@@ -78,21 +78,16 @@ pub async fn confirm_ownership_batch(
     #[allow(clippy::type_complexity)]
     let rows: Vec<(i32, i64, Uuid, String, Json<Value>, bool, i32, Option<Uuid>)> = measured(
         Operation::Confirm,
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH input AS (
                  SELECT * FROM UNNEST($1::int[], $2::bigint[]) AS t(partition, id)
-             ), locked AS (
-                 SELECT x.* FROM (SELECT * FROM input ORDER BY partition, id) i
-                 CROSS JOIN LATERAL (
-                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
-                     WHERE o.partition = i.partition AND o.id = i.id
-                       AND o.status IN ('PROCESSING', 'PUBLISHED')
-                     FOR UPDATE OF o) x
-             ), done AS (
+             ), ",
+            lock_outbox_rows!("input"),
+            ", done AS (
                  UPDATE outbox o SET status = 'DONE', attempts = o.attempts + 1
-                 WHERE o.ctid = ANY(ARRAY(SELECT tid FROM locked))
-                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
-                   AND o.status IN ('PROCESSING', 'PUBLISHED')
+                 WHERE ",
+            the_locked_rows!(),
+            "
                  RETURNING o.partition, o.id, o.message_id, o.attempts
              ), owned AS (
                  SELECT done.partition, done.id, done.message_id, done.attempts,
@@ -119,8 +114,8 @@ pub async fn confirm_ownership_batch(
                     owned.attempts, CASE WHEN owned.accepted THEN NULL ELSE owned.lease END
              FROM owned CROSS JOIN LATERAL (
                  SELECT m.id, m.recipient, m.body FROM messages m
-                 WHERE m.id = owned.message_id OFFSET 0) m",
-        )
+                 WHERE m.id = owned.message_id OFFSET 0) m"
+        ))
         .bind(&partitions)
         .bind(&ids)
         .bind(worker)

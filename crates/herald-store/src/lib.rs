@@ -4,6 +4,9 @@
 //! write, message histories and the verifier's counts. Functions take a pool or a transaction
 //! explicitly so the caller sees where transactions begin and end.
 
+#[macro_use]
+mod sql;
+
 pub mod accept;
 pub mod backlog;
 pub mod effects;

@@ -459,21 +459,16 @@ pub async fn finish_status_jobs(
     } = outcomes;
     let done: Vec<(i32, i64)> = measured(
         Operation::ReceiptApply,
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH jobs AS (
                  SELECT DISTINCT * FROM UNNEST($1::int[], $2::bigint[]) AS t(partition, id)
-             ), locked AS (
-                 SELECT x.* FROM (SELECT * FROM jobs ORDER BY partition, id) j
-                 CROSS JOIN LATERAL (
-                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
-                     WHERE o.partition = j.partition AND o.id = j.id
-                       AND o.status IN ('PROCESSING', 'PUBLISHED')
-                     FOR UPDATE OF o) x
-             ), done AS (
+             ), ",
+            lock_outbox_rows!("jobs"),
+            ", done AS (
                  UPDATE outbox o SET status = 'DONE'
-                 WHERE o.ctid = ANY(ARRAY(SELECT tid FROM locked))
-                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
-                   AND o.status IN ('PROCESSING', 'PUBLISHED')
+                 WHERE ",
+            the_locked_rows!(),
+            "
                  RETURNING o.partition, o.id
              ), parked AS (
                  INSERT INTO parking (job_type, receipt_id, raw, reason)
@@ -520,8 +515,8 @@ pub async fn finish_status_jobs(
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, state, detail FROM fresh ORDER BY ord
              )
-             SELECT partition, id FROM done",
-        )
+             SELECT partition, id FROM done"
+        ))
         .bind(jobs.iter().map(|j| j.0 as i32).collect::<Vec<_>>())
         .bind(jobs.iter().map(|j| j.1).collect::<Vec<_>>())
         .bind(parks.iter().map(|p| p.partition as i32).collect::<Vec<_>>())
@@ -752,7 +747,7 @@ pub async fn mark_silent_unknown(
 ) -> Result<(u64, bool), StoreError> {
     let (marked, taken): (i64, i64) = measured(
         Operation::Reconcile,
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH silent AS (
                  DELETE FROM awaiting_receipt
                  WHERE message_id = ANY(ARRAY(
@@ -761,19 +756,11 @@ pub async fn mark_silent_unknown(
                      ORDER BY accepted_at LIMIT $2
                      FOR UPDATE SKIP LOCKED))
                  RETURNING message_id, accepted_at
-             ), marked AS (
-                 INSERT INTO message_events (message_id, state, detail)
-                 SELECT s.message_id, 'UNKNOWN',
-                        jsonb_build_object('reason', 'no final receipt within the reconciliation window',
-                                           'accepted_at', s.accepted_at)
-                 FROM silent s CROSS JOIN LATERAL (
-                     SELECT count(*) AS settled FROM message_events e
-                     WHERE e.message_id = s.message_id AND herald_state_rank(e.state) >= 4) f
-                 WHERE f.settled = 0
-                 RETURNING 1
-             )
-             SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM silent)",
-        )
+             ), marked AS (",
+            mark_unknown!("silent", "accepted_at"),
+            ")
+             SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM silent)"
+        ))
         .bind(window.as_secs_f64())
         .bind(limit)
         .fetch_one(pool),
@@ -836,7 +823,7 @@ pub async fn reconcile_ledger(
 ) -> Result<(u64, bool), StoreError> {
     let (marked, looked, locked): (i64, i64, bool) = measured(
         Operation::Reconcile,
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH mark AS (
                  SELECT reconciled_to FROM reconcile_watermark FOR UPDATE SKIP LOCKED
              ), bound AS (
@@ -850,23 +837,15 @@ pub async fn reconcile_ledger(
              ), candidates AS (
                  SELECT l.message_id, l.created_at FROM ledger l, bound
                  WHERE l.created_at > bound.since AND l.created_at <= bound.upto
-             ), marked AS (
-                 INSERT INTO message_events (message_id, state, detail)
-                 SELECT c.message_id, 'UNKNOWN',
-                        jsonb_build_object('reason', 'no final receipt within the reconciliation window',
-                                           'accepted_at', c.created_at)
-                 FROM candidates c CROSS JOIN LATERAL (
-                     SELECT count(*) AS settled FROM message_events e
-                     WHERE e.message_id = c.message_id AND herald_state_rank(e.state) >= 4) f
-                 WHERE f.settled = 0
-                 RETURNING 1
-             ), moved AS (
+             ), marked AS (",
+            mark_unknown!("candidates", "created_at"),
+            "), moved AS (
                  UPDATE reconcile_watermark w SET reconciled_to = bound.upto
                  FROM bound WHERE bound.upto > w.reconciled_to
              )
              SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM candidates),
-                    EXISTS (SELECT 1 FROM mark)",
-        )
+                    EXISTS (SELECT 1 FROM mark)"
+        ))
         .bind(cutoff)
         .bind(limit)
         .fetch_one(pool),

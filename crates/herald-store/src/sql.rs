@@ -1,0 +1,57 @@
+//! SQL fragments that several statements share, as macros that expand to string literals: every
+//! statement stays one `concat!` literal, prepared once like any other.
+
+/// The CTE `locked`: the outbox rows named by the CTE `$keys` (columns `partition`, `id`) that
+/// a worker may still finish (PROCESSING or PUBLISHED), locked by one probe per key in
+/// `(partition, id)` order, each with its `ctid`. See "Keyed statements" in `docs/DESIGN.md`:
+/// a join of the keys to the partitioned outbox read every child.
+macro_rules! lock_outbox_rows {
+    ($keys:literal) => {
+        concat!(
+            "locked AS (
+                 SELECT x.* FROM (SELECT * FROM ",
+            $keys,
+            " ORDER BY partition, id) k
+                 CROSS JOIN LATERAL (
+                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
+                     WHERE o.partition = k.partition AND o.id = k.id
+                       AND o.status IN ('PROCESSING', 'PUBLISHED')
+                     FOR UPDATE OF o) x
+             )"
+        )
+    };
+}
+
+/// The condition of an `UPDATE outbox o` that changes exactly the rows of `locked` (by `ctid`,
+/// a TID scan per child; a `ctid` is unique only within its child, so the key is checked too).
+macro_rules! the_locked_rows {
+    () => {
+        "o.ctid = ANY(ARRAY(SELECT tid FROM locked))
+                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
+                   AND o.status IN ('PROCESSING', 'PUBLISHED')"
+    };
+}
+
+/// An `INSERT` of UNKNOWN (rule R7) for every row of the CTE `$source` (columns `message_id`
+/// and the acceptance time `$accepted_at`) whose message has neither a final receipt nor
+/// UNKNOWN yet, returning a row for each. A count per message, not `NOT EXISTS`: the planner
+/// turns that into an anti-join over every event.
+macro_rules! mark_unknown {
+    ($source:literal, $accepted_at:literal) => {
+        concat!(
+            "INSERT INTO message_events (message_id, state, detail)
+                 SELECT s.message_id, 'UNKNOWN',
+                        jsonb_build_object('reason', 'no final receipt within the reconciliation window',
+                                           'accepted_at', s.",
+            $accepted_at,
+            ")
+                 FROM ",
+            $source,
+            " s CROSS JOIN LATERAL (
+                     SELECT count(*) AS settled FROM message_events e
+                     WHERE e.message_id = s.message_id AND herald_state_rank(e.state) >= 4) f
+                 WHERE f.settled = 0
+                 RETURNING 1"
+        )
+    };
+}
