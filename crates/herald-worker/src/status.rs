@@ -169,12 +169,22 @@ impl StatusHandler {
     /// query, their messages found in one query, and every job finished (its receipts parked,
     /// held or applied, the job DONE) in one statement.
     async fn apply_batch(&self, jobs: &[&Job]) -> Result<Vec<Vec<Applied>>, StoreError> {
-        let ids: Vec<i64> = jobs.iter().flat_map(|job| receipt_ids(job)).collect();
+        // Two copies of one job in a batch (a re-drive published it again while the first
+        // waited in the stream): the later ones are stale copies, so nothing is parked twice.
+        let mut seen = std::collections::HashSet::new();
+        let per_job_ids: Vec<Option<Vec<i64>>> = jobs
+            .iter()
+            .map(|job| {
+                seen.insert((job.partition, job.outbox_id))
+                    .then(|| receipt_ids(job))
+            })
+            .collect();
+        let ids: Vec<i64> = per_job_ids.iter().flatten().flatten().copied().collect();
         let receipts = load_receipts(&self.pool, &ids).await?;
         // (job index, step) for every receipt of every job, in order.
         let mut steps: Vec<(usize, Step)> = Vec::with_capacity(ids.len().max(jobs.len()));
-        for (at, job) in jobs.iter().enumerate() {
-            let ids = receipt_ids(job);
+        for (at, (job, ids)) in jobs.iter().zip(per_job_ids.iter()).enumerate() {
+            let Some(ids) = ids else { continue };
             if ids.is_empty() {
                 steps.push((
                     at,
@@ -186,7 +196,7 @@ impl StatusHandler {
                 ));
             }
             for id in ids {
-                steps.push((at, self.map(id, &receipts)));
+                steps.push((at, self.map(*id, &receipts)));
             }
         }
         let mapped: Vec<(usize, &Mapped)> = steps
@@ -293,7 +303,13 @@ impl StatusHandler {
                 "receipts whose send is not recorded yet are held until it is"
             );
         }
-        let mut per_job: Vec<Vec<Applied>> = vec![Vec::new(); jobs.len()];
+        let mut per_job: Vec<Vec<Applied>> = per_job_ids
+            .iter()
+            .map(|ids| match ids {
+                Some(_) => Vec::new(),
+                None => vec![Applied::StaleCopy],
+            })
+            .collect();
         for (at, end) in ends {
             let job = jobs[at];
             per_job[at].push(if finished.contains(&(job.partition, job.outbox_id)) {
