@@ -26,14 +26,13 @@ pub enum Operation {
     TakeLease,
     Backlog,
     ReceiptApply,
-    Park,
     Reconcile,
     Renew,
     Hold,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 16] = [
+    pub const ALL: [Operation; 15] = [
         Operation::Accept,
         Operation::Claim,
         Operation::Mark,
@@ -46,7 +45,6 @@ impl Operation {
         Operation::TakeLease,
         Operation::Backlog,
         Operation::ReceiptApply,
-        Operation::Park,
         Operation::Reconcile,
         Operation::Renew,
         Operation::Hold,
@@ -67,7 +65,6 @@ impl Operation {
             Operation::TakeLease => "take_lease",
             Operation::Backlog => "backlog",
             Operation::ReceiptApply => "receipt_apply",
-            Operation::Park => "park",
             Operation::Reconcile => "reconcile",
             Operation::Renew => "renew",
             Operation::Hold => "hold",
@@ -89,7 +86,6 @@ impl Operation {
             Operation::TakeLease => "herald_lease_record_duration_seconds",
             Operation::Backlog => "herald_backlog_query_duration_seconds",
             Operation::ReceiptApply => "herald_receipt_mapping_duration_seconds",
-            Operation::Park => "herald_parking_write_duration_seconds",
             Operation::Reconcile => "herald_reconcile_duration_seconds",
             Operation::Renew => "herald_claim_renew_duration_seconds",
             Operation::Hold => "herald_receipt_hold_duration_seconds",
@@ -110,9 +106,8 @@ impl Operation {
             Operation::TakeLease => "Recording a partition's fencing epoch.",
             Operation::Backlog => "The partition overview and backlog gauge queries.",
             Operation::ReceiptApply => {
-                "Applying a mapped receipt: status job DONE + the state event."
+                "Finishing a batch of status jobs: each DONE with its receipts parked, held or applied."
             }
-            Operation::Park => "Parking unknown input with its raw body.",
             Operation::Reconcile => "Marking silent messages UNKNOWN.",
             Operation::Renew => "Renewing the leases of a worker's claims in flight.",
             Operation::Hold => {

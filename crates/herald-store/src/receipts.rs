@@ -591,41 +591,6 @@ pub async fn apply_receipt(
     Ok(!apply_receipts(pool, &[receipt]).await?.is_empty())
 }
 
-/// Parks a job's input with the reason: the outbox row becomes DONE and the raw body goes to
-/// `parking`, in one statement, so the input is never acknowledged without a write. Returns the
-/// parking id, or `None` when another copy of the job got there first.
-pub async fn park(
-    pool: &PgPool,
-    partition: u32,
-    outbox_id: i64,
-    job_type: JobType,
-    receipt_id: Option<i64>,
-    raw: &[u8],
-    reason: &str,
-) -> Result<Option<i64>, StoreError> {
-    Ok(measured(
-        Operation::Park,
-        sqlx::query_scalar(
-            "WITH done AS (
-                 UPDATE outbox SET status = 'DONE', last_error = $6
-                 WHERE partition = $1 AND id = $2 AND status IN ('PROCESSING', 'PUBLISHED')
-                 RETURNING id
-             )
-             INSERT INTO parking (job_type, receipt_id, raw, reason)
-             SELECT $3, $4, $5, $6 FROM done
-             RETURNING id",
-        )
-        .bind(partition as i32)
-        .bind(outbox_id)
-        .bind(job_type.as_str())
-        .bind(receipt_id)
-        .bind(raw)
-        .bind(reason)
-        .fetch_optional(pool),
-    )
-    .await?)
-}
-
 /// A parked item, for operators.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct Parked {

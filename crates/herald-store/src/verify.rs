@@ -151,14 +151,18 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
                  (SELECT count(*) FROM messages m
                   WHERE NOT EXISTS (SELECT 1 FROM outbox o
                                     WHERE o.message_id = m.id AND o.job_type = 'send')),
-                 (SELECT count(*) FROM receipts r
-                  WHERE r.id NOT IN (
-                      SELECT (o.payload->>'receipt_id')::bigint FROM outbox o
+                 (WITH named AS (
+                      SELECT (o.payload->>'receipt_id')::bigint AS id FROM outbox o
                       WHERE o.job_type = 'status' AND o.payload ? 'receipt_id'
                       UNION ALL
                       SELECT jsonb_array_elements_text(o.payload->'receipt_ids')::bigint
                       FROM outbox o
-                      WHERE o.job_type = 'status' AND o.payload ? 'receipt_ids'))",
+                      WHERE o.job_type = 'status' AND o.payload ? 'receipt_ids'
+                  )
+                  -- NOT EXISTS, not NOT IN: one job naming a null id would make NOT IN
+                  -- unknown for every receipt, and the check could never fail.
+                  SELECT count(*) FROM receipts r
+                  WHERE NOT EXISTS (SELECT 1 FROM named n WHERE n.id = r.id))",
         )
         .fetch_one(pool)
         .await?;
