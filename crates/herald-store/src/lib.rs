@@ -77,21 +77,25 @@ pub struct PoolSettings {
     pub generic_plans: bool,
 }
 
-/// The session setting of a role whose statements are a few batched ones, each taking its
+/// The session settings of a role whose statements are a few batched ones, each taking its
 /// batch as arrays. PostgreSQL plans a prepared statement again at every call while it
 /// estimates a custom plan cheaper than the generic one, and a statement that writes the
 /// partitioned outbox plans every one of its 64 children: the status worker's finishing
 /// statement spent 22 ms planning and 19 ms running per call, and the poller's claim 4.4 ms
 /// planning and 1 ms running (`loadtest/README.md`). Their values never change the best plan
 /// (arrays of keys; the states are constants in the text), and a generic plan prunes the
-/// outbox's children as it runs.
-pub const GENERIC_PLANS: (&str, &str) = ("plan_cache_mode", "force_generic_plan");
+/// outbox's children as it runs. A generic plan guesses the size of its arrays, and a guess
+/// past `jit_above_cost` compiled the statement at every call: the reconciliation's
+/// statement, which reads one row, took 250 ms, nearly all of it JIT. None of these
+/// statements runs long enough to gain from JIT.
+pub const GENERIC_PLANS: [(&str, &str); 2] =
+    [("plan_cache_mode", "force_generic_plan"), ("jit", "off")];
 
 /// Opens a pool; fails fast when the database cannot be reached.
 pub async fn connect(settings: &PoolSettings) -> Result<PgPool, StoreError> {
     let mut options: PgConnectOptions = settings.url.parse()?;
     if settings.generic_plans {
-        options = options.options([GENERIC_PLANS]);
+        options = options.options(GENERIC_PLANS);
     }
     let pool = PgPoolOptions::new()
         .max_connections(settings.max_connections)

@@ -790,7 +790,7 @@ pub async fn reconcile_ledger(
         Operation::Reconcile,
         sqlx::query_as(concat!(
             "WITH mark AS (
-                 SELECT reconciled_to FROM reconcile_watermark FOR UPDATE SKIP LOCKED
+                 SELECT reconciled_to FROM reconcile_watermark LIMIT 1 FOR UPDATE SKIP LOCKED
              ), bound AS (
                  SELECT coalesce(
                      (SELECT l.created_at FROM ledger l
