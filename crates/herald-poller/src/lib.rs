@@ -550,40 +550,67 @@ async fn listen_for_new_rows(
     wakers: Arc<HashMap<u32, Arc<Notify>>>,
     cancel: CancellationToken,
 ) {
+    // A failed LISTEN waits before the next try, longer each time up to LISTEN_RETRY_MAX,
+    // so an unreachable or refusing database is not asked in a tight loop.
+    let mut retry = LISTEN_RETRY_MIN;
     while !cancel.is_cancelled() {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
-            Ok(listener) => listener,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot LISTEN; relying on polling for now");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
-                }
+        match listen_once(&pool, &wakers, &cancel).await {
+            Listened::Cancelled => return,
+            Listened::Lost(err) => {
+                tracing::warn!(error = %err, retry_in = ?LISTEN_RETRY_MIN, "LISTEN connection lost; relying on polling until it is back");
+                retry = LISTEN_RETRY_MIN;
             }
-        };
-        if let Err(err) = listener.listen(OUTBOX_CHANNEL).await {
-            tracing::warn!(error = %err, "LISTEN failed; relying on polling for now");
-            continue;
+            Listened::Refused(err) => {
+                tracing::warn!(error = %err, retry_in = ?retry, "cannot LISTEN; relying on polling for now");
+            }
         }
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                received = listener.recv() => match received {
-                    Ok(notification) => {
-                        if let Some(waker) = notification
-                            .payload()
-                            .parse::<u32>()
-                            .ok()
-                            .and_then(|p| wakers.get(&p))
-                        {
-                            waker.notify_one();
-                        }
-                    }
-                    Err(err) => {
-                        tracing::warn!(error = %err, "LISTEN connection lost; reconnecting");
-                        break;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(retry) => {}
+        }
+        retry = (retry * 2).min(LISTEN_RETRY_MAX);
+    }
+}
+
+const LISTEN_RETRY_MIN: Duration = Duration::from_millis(500);
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How one LISTEN session ended.
+enum Listened {
+    Cancelled,
+    /// The connection or the LISTEN failed before any notification could arrive.
+    Refused(sqlx::Error),
+    /// A working session lost its connection.
+    Lost(sqlx::Error),
+}
+
+async fn listen_once(
+    pool: &PgPool,
+    wakers: &HashMap<u32, Arc<Notify>>,
+    cancel: &CancellationToken,
+) -> Listened {
+    let mut listener = match sqlx::postgres::PgListener::connect_with(pool).await {
+        Ok(listener) => listener,
+        Err(err) => return Listened::Refused(err),
+    };
+    if let Err(err) = listener.listen(OUTBOX_CHANNEL).await {
+        return Listened::Refused(err);
+    }
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Listened::Cancelled,
+            received = listener.recv() => match received {
+                Ok(notification) => {
+                    if let Some(waker) = notification
+                        .payload()
+                        .parse::<u32>()
+                        .ok()
+                        .and_then(|p| wakers.get(&p))
+                    {
+                        waker.notify_one();
                     }
                 }
+                Err(err) => return Listened::Lost(err),
             }
         }
     }
