@@ -170,11 +170,16 @@ async fn read_shard<H: Handler>(
     }
     let mut next_reclaim = tokio::time::Instant::now() + settings.reclaim_interval;
     while !cancel.is_cancelled() {
-        while tasks.try_join_next().is_some() {}
+        while let Some(joined) = tasks.try_join_next() {
+            report_panic(job_type, joined);
+        }
         if settings.batches_in_flight > 0 && tasks.len() >= settings.batches_in_flight {
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tasks.join_next() => continue,
+                Some(joined) = tasks.join_next() => {
+                    report_panic(job_type, joined);
+                    continue;
+                }
             }
         }
         // Read only as many entries as there are free slots, waiting for at least one.
@@ -235,9 +240,8 @@ async fn read_shard<H: Handler>(
         let handler = handler.clone();
         let cancel = cancel.clone();
         tasks.spawn(async move {
-            let count = deliveries.len() as f64;
-            ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
-                .increment(count);
+            // Counted out on drop, so a panicking handler does not stay counted.
+            let _in_flight = InFlight::new(store.job_type().as_str(), deliveries.len());
             let handled = handler.handle_batch(deliveries, cancel).await;
             let done: Vec<String> = handled
                 .into_iter()
@@ -248,10 +252,41 @@ async fn read_shard<H: Handler>(
                 // The outcomes are recorded; the entries will be reclaimed and seen as done.
                 tracing::warn!(error = %err, entries = done.len(), "acknowledging failed");
             }
-            ::metrics::gauge!(m::IN_FLIGHT, "job_type" => store.job_type().as_str())
-                .decrement(count);
             drop(permits);
         });
     }
-    while tasks.join_next().await.is_some() {}
+    while let Some(joined) = tasks.join_next().await {
+        report_panic(job_type, joined);
+    }
+}
+
+/// Says loudly that a batch's handler panicked. Nothing is lost: its entries were not
+/// acknowledged, so they stay pending and are reclaimed and handled again.
+fn report_panic(job_type: &'static str, joined: Result<(), tokio::task::JoinError>) {
+    if let Err(err) = joined {
+        if err.is_panic() {
+            ::metrics::counter!(m::HANDLER_PANICS, "job_type" => job_type).increment(1);
+            tracing::error!(job_type, error = %err, "a batch's handler panicked; its entries will be reclaimed");
+        }
+    }
+}
+
+/// A batch's jobs in the in-flight gauge, for as long as the value lives.
+struct InFlight {
+    job_type: &'static str,
+    count: f64,
+}
+
+impl InFlight {
+    fn new(job_type: &'static str, count: usize) -> Self {
+        let count = count as f64;
+        ::metrics::gauge!(m::IN_FLIGHT, "job_type" => job_type).increment(count);
+        Self { job_type, count }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        ::metrics::gauge!(m::IN_FLIGHT, "job_type" => self.job_type).decrement(self.count);
+    }
 }

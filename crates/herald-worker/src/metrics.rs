@@ -20,6 +20,8 @@ pub const UNKNOWN: &str = "herald_unknown_total";
 /// Ownership confirmations (outbox DONE + message CLAIMED in one transaction), by job type.
 pub const CONFIRMED: &str = "herald_ownership_confirmed_total";
 pub const IN_FLIGHT: &str = "herald_worker_jobs_in_flight";
+/// Batches whose handler panicked, by job type: their entries stay pending and are reclaimed.
+pub const HANDLER_PANICS: &str = "herald_worker_handler_panics_total";
 pub const CONCURRENCY_LIMIT: &str = "herald_worker_concurrency_limit";
 /// Sends whose attempts are used up while the outcome of the last one is unknown: their next
 /// attempt asks the provider by key instead of submitting.
@@ -97,6 +99,10 @@ pub fn describe() {
         "Messages with no final receipt in the window, marked UNKNOWN."
     );
     metrics::describe_gauge!(IN_FLIGHT, "Jobs being handled now, by job type.");
+    metrics::describe_counter!(
+        HANDLER_PANICS,
+        "Batches whose handler panicked; their entries are reclaimed, by job type."
+    );
     metrics::describe_gauge!(
         CONCURRENCY_LIMIT,
         "The worker's concurrency limit, by job type."
@@ -114,7 +120,14 @@ fn register_at_zero() {
         for outcome in outcomes {
             metrics::counter!(JOBS, "job_type" => job_type, "outcome" => *outcome).increment(0);
         }
-        for counter in [RECLAIMED, READ_ERRORS, MALFORMED, PARKED, CONFIRMED] {
+        for counter in [
+            RECLAIMED,
+            READ_ERRORS,
+            MALFORMED,
+            PARKED,
+            CONFIRMED,
+            HANDLER_PANICS,
+        ] {
             metrics::counter!(counter, "job_type" => job_type).increment(0);
         }
     }
