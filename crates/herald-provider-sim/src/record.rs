@@ -2,11 +2,12 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
 
 use crate::receipts::PlannedReceipt;
 use crate::Stats;
@@ -58,7 +59,8 @@ pub struct Record {
     answers: HashMap<String, (SubmitAnswer, u64)>,
     receipts: HashMap<String, Vec<PlannedReceipt>>,
     stats: Stats,
-    log: File,
+    /// Written through tokio's blocking pool: an append never stalls a runtime thread.
+    log: tokio::fs::File,
 }
 
 impl Record {
@@ -71,11 +73,13 @@ impl Record {
             answers: HashMap::new(),
             receipts: HashMap::new(),
             stats: Stats::default(),
-            log: OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening the submit log {}", path.display()))?,
+            log: tokio::fs::File::from_std(
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("opening the submit log {}", path.display()))?,
+            ),
         };
         let reader = BufReader::new(File::open(path)?);
         for (number, line) in reader.lines().enumerate() {
@@ -118,8 +122,9 @@ impl Record {
         self.stats.distinct_keys = self.answers.len() as u64;
     }
 
-    /// Takes a submit: the first answer of a known key, or a new provider id.
-    pub fn submit(&mut self, key: &str) -> anyhow::Result<SubmitAnswer> {
+    /// Takes a submit: the first answer of a known key, or a new provider id. Its log line
+    /// is written (handed to the operating system) before the answer is returned.
+    pub async fn submit(&mut self, key: &str) -> anyhow::Result<SubmitAnswer> {
         let (answer, n) = match self.answers.get(key) {
             Some((first, count)) => (
                 SubmitAnswer {
@@ -151,7 +156,7 @@ impl Record {
         };
         let mut bytes = serde_json::to_vec(&line)?;
         bytes.push(b'\n');
-        self.log.write_all(&bytes)?;
+        self.append(&bytes).await?;
         self.replay(line);
         Ok(answer)
     }
@@ -166,8 +171,16 @@ impl Record {
         self.stats.conflicts += 1;
     }
 
+    /// Appends one line to the log and waits until the write is done (`flush` waits for the
+    /// blocking pool's write; a killed simulator keeps it, as the page cache does).
+    async fn append(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        self.log.write_all(bytes).await?;
+        self.log.flush().await?;
+        Ok(())
+    }
+
     /// Records, before any is posted, the receipts a first submit of `key` gets.
-    pub fn plan_receipts(
+    pub async fn plan_receipts(
         &mut self,
         key: &str,
         receipts: Vec<PlannedReceipt>,
@@ -178,7 +191,7 @@ impl Record {
         };
         let mut bytes = serde_json::to_vec(&line)?;
         bytes.push(b'\n');
-        self.log.write_all(&bytes)?;
+        self.append(&bytes).await?;
         self.receipts.insert(line.key, line.receipts);
         Ok(())
     }
@@ -244,19 +257,19 @@ impl Record {
 mod tests {
     use super::*;
 
-    #[test]
-    fn dedupes_wraps_per_gateway_and_survives_a_reopen() {
+    #[tokio::test]
+    async fn dedupes_wraps_per_gateway_and_survives_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.jsonl");
         let gateways = vec!["a".to_owned(), "b".to_owned()];
         let mut record = Record::open(&path, &gateways, 3).unwrap();
-        let first = record.submit("k1").unwrap();
-        let again = record.submit("k1").unwrap();
+        let first = record.submit("k1").await.unwrap();
+        let again = record.submit("k1").await.unwrap();
         assert_eq!(first.provider_id, again.provider_id);
         assert!(again.duplicate && !first.duplicate);
         let mut ids_by_gateway: HashMap<String, Vec<u32>> = HashMap::new();
         for i in 0..40 {
-            let answer = record.submit(&format!("key-{i}")).unwrap();
+            let answer = record.submit(&format!("key-{i}")).await.unwrap();
             ids_by_gateway
                 .entry(answer.gateway)
                 .or_default()
@@ -275,7 +288,7 @@ mod tests {
 
         let mut reopened = Record::open(&path, &gateways, 3).unwrap();
         assert_eq!(reopened.stats(), stats);
-        let replay = reopened.submit("k1").unwrap();
+        let replay = reopened.submit("k1").await.unwrap();
         assert_eq!(replay.provider_id, first.provider_id);
         assert!(reopened.key_counts().contains("k1 3\n"));
     }
