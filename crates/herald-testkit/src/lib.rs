@@ -77,7 +77,45 @@ where
     }
 }
 
+/// The sum of the series of `name` in a Prometheus text rendering whose labels contain
+/// `labels` (`""`: every series, labelled or not); `None` when no series matches.
+pub fn metric_value(text: &str, name: &str, labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name).is_some_and(|rest| {
+                if labels.is_empty() {
+                    rest.starts_with(' ') || rest.starts_with('{')
+                } else {
+                    rest.strip_prefix('{')
+                        .and_then(|rest| rest.split_once('}'))
+                        .is_some_and(|(found, _)| found.contains(labels))
+                }
+            })
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(None, |sum, value| Some(sum.unwrap_or(0.0) + value))
+}
+
 /// A path as the `&str` a server's command line takes.
 pub(crate) fn path_str(path: &std::path::Path) -> anyhow::Result<&str> {
     anyhow::Context::context(path.to_str(), "non-UTF-8 path")
+}
+
+#[cfg(test)]
+mod metric_tests {
+    use super::metric_value;
+
+    #[test]
+    fn sums_the_matching_series_and_tells_none_from_zero() {
+        let text = "# TYPE a counter\n\
+                    a{job_type=\"send\"} 2\n\
+                    a{job_type=\"status\"} 3\n\
+                    ab{job_type=\"send\"} 100\n\
+                    b 0\n";
+        assert_eq!(metric_value(text, "a", ""), Some(5.0));
+        assert_eq!(metric_value(text, "a", "job_type=\"send\""), Some(2.0));
+        assert_eq!(metric_value(text, "b", ""), Some(0.0));
+        assert_eq!(metric_value(text, "b", "job_type=\"send\""), None);
+        assert_eq!(metric_value(text, "c", ""), None);
+    }
 }

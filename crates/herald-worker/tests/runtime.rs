@@ -29,14 +29,6 @@ impl Handler for PanicsOnce {
     }
 }
 
-/// The value of the sample `name{labels}` in a Prometheus text rendering.
-fn sample(rendered: &str, name_and_labels: &str) -> Option<f64> {
-    rendered.lines().find_map(|line| {
-        let value = line.strip_prefix(name_and_labels)?.strip_prefix(' ')?;
-        value.trim().parse().ok()
-    })
-}
-
 /// A batch whose handler panics is neither lost nor acknowledged: the reader keeps going,
 /// and the entries are reclaimed and handled, then acknowledged and deleted. The panic is
 /// counted, and the batch leaves the in-flight gauge.
@@ -85,50 +77,51 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
         cancel.clone(),
     ));
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut handled = handler.handled.lock().unwrap().clone();
-        handled.sort();
-        if handled == [1, 2, 3] && store.oldest_entry_ms().await.unwrap().is_none() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "after a panic the jobs were not all handled and deleted: handled {handled:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    herald_testkit::wait_until(
+        "every job handled and its entry deleted after a panic",
+        Duration::from_secs(30),
+        || async {
+            let mut handled = handler.handled.lock().unwrap().clone();
+            handled.sort();
+            anyhow::ensure!(handled == [1, 2, 3], "handled {handled:?}");
+            anyhow::ensure!(
+                store.oldest_entry_ms().await?.is_none(),
+                "entries left in the stream"
+            );
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
     assert!(
         handler.calls.load(Ordering::SeqCst) >= 4,
         "the panicking job was handled again"
     );
+    let in_flight = |text: &str| {
+        herald_testkit::metric_value(text, "herald_worker_jobs_in_flight", r#"job_type="send""#)
+    };
     // The last batch leaves the gauge just after its entries are deleted.
-    let settled = tokio::time::Instant::now() + Duration::from_secs(5);
-    while sample(
-        &metrics.render(),
-        r#"herald_worker_jobs_in_flight{job_type="send"}"#,
-    ) != Some(0.0)
-        && tokio::time::Instant::now() < settled
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let settled = herald_testkit::wait_until(
+        "the in-flight gauge at 0",
+        Duration::from_secs(5),
+        || async {
+            anyhow::ensure!(in_flight(&metrics.render()) == Some(0.0), "still counted");
+            Ok(())
+        },
+    )
+    .await;
     let rendered = metrics.render();
+    assert!(settled.is_ok(), "{rendered}");
     assert_eq!(
-        sample(
+        herald_testkit::metric_value(
             &rendered,
-            r#"herald_worker_handler_panics_total{job_type="send"}"#
+            "herald_worker_handler_panics_total",
+            r#"job_type="send""#
         ),
         Some(1.0),
         "{rendered}"
     );
-    assert_eq!(
-        sample(
-            &rendered,
-            r#"herald_worker_jobs_in_flight{job_type="send"}"#
-        ),
-        Some(0.0),
-        "{rendered}"
-    );
+    assert_eq!(in_flight(&rendered), Some(0.0), "{rendered}");
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(10), worker)
         .await

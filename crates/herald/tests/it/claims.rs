@@ -17,17 +17,7 @@ use crate::{Deployment, Options};
 
 /// The sum of the series of `name` on a role's /metrics whose labels contain `label`.
 async fn metric_where(herald: &Deployment, admin: &str, name: &str, label: &str) -> f64 {
-    herald
-        .metrics(admin)
-        .await
-        .lines()
-        .filter(|line| {
-            line.strip_prefix(name)
-                .and_then(|rest| rest.strip_prefix('{'))
-                .is_some_and(|labels| labels.contains(label))
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    herald_testkit::metric_value(&herald.metrics(admin).await, name, label).unwrap_or(0.0)
 }
 
 /// The simulator's `GET /v1/stats`.

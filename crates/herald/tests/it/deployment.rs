@@ -415,14 +415,7 @@ impl Deployment {
 
     /// The sum of every series of `name` (any labels) on a role's /metrics.
     pub async fn metric(&self, admin: &str, name: &str) -> f64 {
-        let text = self.metrics(admin).await;
-        text.lines()
-            .filter(|line| {
-                line.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        herald_testkit::metric_value(&self.metrics(admin).await, name, "").unwrap_or(0.0)
     }
 
     /// A message's history: (state, detail), oldest first.
