@@ -18,7 +18,8 @@ use herald_queue::monitor::MonitoredStore;
 use herald_store::accept::OUTBOX_CHANNEL;
 use herald_store::group::{GroupCommit, GroupSettings};
 use herald_store::outbox::{
-    claim_pending_of, mark_published, redrive_stale, release_unpublished, LostBefore,
+    claim_pending_of, mark_published, redrive_stale_claims_many, redrive_stale_many,
+    release_unpublished, LostBefore, Redriven,
 };
 use herald_store::StoreError;
 use sqlx::PgPool;
@@ -79,6 +80,9 @@ pub struct Poller {
     /// Drains every partition that asks at about the same time in one claim, one publish per
     /// store (no mark; none with `publish_concurrency` set: the starting point's shape).
     drainer: Option<GroupCommit<DrainRequest, Result<Drained, StoreError>>>,
+    /// Re-drives every partition that asks at about the same time (their re-drive ticks are
+    /// aligned) in two statements, reading each queue store's oldest entry once.
+    redriver: GroupCommit<Fence, Redrove>,
     /// The moment every idle wait is aligned to: idle partitions wake on the same ticks, so
     /// the drainer asks for all of them in one claim instead of one claim per partition
     /// spread over the poll interval.
@@ -132,12 +136,27 @@ impl Poller {
                 },
             )
         });
+        let redriver = {
+            let (pool, stores, stale_after) = (pool.clone(), stores.clone(), settings.stale_after);
+            GroupCommit::spawn(
+                "redrive",
+                GroupSettings {
+                    max_group: 4096,
+                    parallel: 1,
+                },
+                move |fences: Arc<Vec<Fence>>| {
+                    let (pool, stores) = (pool.clone(), stores.clone());
+                    async move { redrive_together(&pool, &stores, stale_after, &fences).await }
+                },
+            )
+        };
         Self {
             pool,
             stores,
             settings,
             publish_slots,
             drainer,
+            redriver,
             ticks_from: tokio::time::Instant::now(),
         }
     }
@@ -344,44 +363,93 @@ impl Poller {
         Ok(())
     }
 
-    /// For each job type, the moment before which this partition's unconfirmed jobs can only
-    /// have been lost by their queue store: its oldest entry's time minus [`CLOCK_MARGIN`] (no
-    /// limit when the stream is empty; nothing at all when the store cannot be read, since
-    /// nothing can be told apart then).
-    async fn lost_before(&self, partition: u32) -> LostBefore {
+    /// Both re-drive passes over one partition, shared with every partition that asks at about
+    /// the same time: rows claimed or published but never confirmed (rule R3), and sends whose
+    /// worker stopped renewing its claim's lease after CLAIMED (rule R4). Neither charges an
+    /// attempt or makes a row DEAD. A deposed owner's re-drive changes nothing (the fence); the
+    /// next claim notices and stops the task.
+    async fn redrive(&self, fence: Fence) {
+        match self.redriver.write(fence).await {
+            Ok(Redrove {
+                unconfirmed,
+                stale_claims,
+            }) => {
+                count_redriven(fence, "redrive", Ok(unconfirmed));
+                count_redriven(fence, "stale_claim", Ok(stale_claims));
+            }
+            Err(err) => count_redriven(fence, "redrive", Err(err)),
+        }
+    }
+}
+
+/// What one shared re-drive pass moved in one partition.
+#[derive(Debug, Clone, Copy)]
+struct Redrove {
+    unconfirmed: Redriven,
+    stale_claims: Redriven,
+}
+
+/// For each queue store, the moment before which the unconfirmed jobs of the partitions that
+/// publish to it can only have been lost by it: its oldest entry's time minus
+/// [`CLOCK_MARGIN`] (no limit when the stream is empty; nothing at all when the store cannot
+/// be read, since nothing can be told apart then). Each store is read once.
+async fn lost_before(
+    stores: &HashMap<JobType, Vec<MonitoredStore>>,
+    partitions: impl Iterator<Item = u32>,
+) -> HashMap<u32, LostBefore> {
+    let mut oldest: HashMap<(JobType, usize), Option<i64>> = HashMap::new();
+    let mut by_partition = HashMap::new();
+    for partition in partitions {
         let mut lost_before = LostBefore::default();
         for job_type in JobType::ALL {
-            let Some(store) = self.shard(job_type, partition) else {
+            let Some((index, store)) = shard_of(stores, job_type, partition) else {
                 continue;
             };
-            let ms = match store.store.oldest_entry_ms().await {
-                Ok(Some(oldest)) => Some(oldest as i64 - CLOCK_MARGIN.as_millis() as i64),
-                Ok(None) => None,
-                Err(err) => {
-                    tracing::warn!(partition, %job_type, error = %err,
-                        "cannot read the queue store's oldest entry; its jobs are not re-driven this pass");
-                    Some(0)
+            let ms = match oldest.get(&(job_type, index)) {
+                Some(ms) => *ms,
+                None => {
+                    let ms = match store.store.oldest_entry_ms().await {
+                        Ok(Some(oldest)) => Some(oldest as i64 - CLOCK_MARGIN.as_millis() as i64),
+                        Ok(None) => None,
+                        Err(err) => {
+                            tracing::warn!(%job_type, shard = index, error = %err,
+                                "cannot read the queue store's oldest entry; its jobs are not re-driven this pass");
+                            Some(0)
+                        }
+                    };
+                    oldest.insert((job_type, index), ms);
+                    ms
                 }
             };
             lost_before.set(job_type, ms);
         }
-        lost_before
+        by_partition.insert(partition, lost_before);
     }
+    by_partition
+}
 
-    /// Both re-drive passes over one partition: rows claimed or published but never
-    /// confirmed (rule R3), and sends whose worker stopped renewing its claim's lease after
-    /// CLAIMED (rule R4). Neither charges an attempt or makes a row DEAD. A deposed
-    /// owner's re-drive changes nothing (the fence); the next claim notices and stops the task.
-    async fn redrive(&self, fence: Fence) {
-        let started = Instant::now();
-        let stale_after = self.settings.stale_after;
-        let lost_before = self.lost_before(fence.partition).await;
-        let unconfirmed = redrive_stale(&self.pool, fence, stale_after, lost_before).await;
-        count_redriven(fence, "redrive", unconfirmed);
-        let stale_claims = herald_store::outbox::redrive_stale_claims(&self.pool, fence).await;
-        count_redriven(fence, "stale_claim", stale_claims);
-        ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
-    }
+/// One re-drive pass over many partitions: each queue store's oldest entry read once, then
+/// one statement for the unconfirmed rows and one for the stale claims of all of them.
+async fn redrive_together(
+    pool: &PgPool,
+    stores: &HashMap<JobType, Vec<MonitoredStore>>,
+    stale_after: Duration,
+    fences: &[Fence],
+) -> Result<Vec<Redrove>, StoreError> {
+    let started = Instant::now();
+    let lost = lost_before(stores, fences.iter().map(|f| f.partition)).await;
+    let asked: Vec<(Fence, LostBefore)> = fences.iter().map(|f| (*f, lost[&f.partition])).collect();
+    let unconfirmed = redrive_stale_many(pool, &asked, stale_after).await?;
+    let stale_claims = redrive_stale_claims_many(pool, fences).await?;
+    ::metrics::histogram!(m::REDRIVE_PASS_DURATION).record(started.elapsed().as_secs_f64());
+    Ok(unconfirmed
+        .into_iter()
+        .zip(stale_claims)
+        .map(|(unconfirmed, stale_claims)| Redrove {
+            unconfirmed,
+            stale_claims,
+        })
+        .collect())
 }
 
 /// The shard of `job_type` that `partition` publishes to.

@@ -309,39 +309,73 @@ pub async fn redrive_stale(
     stale_after: Duration,
     lost_before: LostBefore,
 ) -> Result<Redriven, StoreError> {
-    let counts: Vec<(String, i64)> = measured(
+    let mut moved = redrive_stale_many(pool, &[(fence, lost_before)], stale_after).await?;
+    Ok(moved.pop().unwrap_or_default())
+}
+
+/// [`redrive_stale`] for many partitions in one statement, each with its own fence and
+/// `lost_before` (partitions publish to different shards). A fence that no longer holds moves
+/// nothing of its partition. Answers, in input order, what moved in each partition.
+pub async fn redrive_stale_many(
+    pool: &PgPool,
+    requests: &[(Fence, LostBefore)],
+    stale_after: Duration,
+) -> Result<Vec<Redriven>, StoreError> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let partitions: Vec<i32> = requests.iter().map(|(f, _)| f.partition as i32).collect();
+    let epochs: Vec<i64> = requests.iter().map(|(f, _)| f.epoch).collect();
+    let send_ms: Vec<Option<f64>> = requests
+        .iter()
+        .map(|(_, l)| l.send_ms.map(|ms| ms as f64))
+        .collect();
+    let status_ms: Vec<Option<f64>> = requests
+        .iter()
+        .map(|(_, l)| l.status_ms.map(|ms| ms as f64))
+        .collect();
+    let counts: Vec<(i32, String, i64)> = measured(
         Operation::Redrive,
         sqlx::query_as(
-            "WITH stale AS (
-                 SELECT id FROM outbox
-                 WHERE partition = $1 AND status IN ('PROCESSING', 'PUBLISHED')
-                   AND claimed_at < now() - make_interval(secs => $3)
-                   AND claimed_at < CASE job_type
-                       WHEN 'send' THEN coalesce(to_timestamp($4::float8 / 1000), 'infinity')
-                       ELSE coalesce(to_timestamp($5::float8 / 1000), 'infinity') END
-                 FOR UPDATE SKIP LOCKED
+            "WITH held AS (
+                 SELECT i.partition,
+                        coalesce(to_timestamp(i.send_ms / 1000), 'infinity') AS send_before,
+                        coalesce(to_timestamp(i.status_ms / 1000), 'infinity') AS status_before
+                 FROM UNNEST($1::int[], $2::bigint[], $4::float8[], $5::float8[])
+                     AS i(partition, epoch, send_ms, status_ms)
+                 WHERE EXISTS (SELECT 1 FROM partition_leases l
+                               WHERE l.partition = i.partition AND l.epoch = i.epoch)
+             ), stale AS (
+                 SELECT s.partition, s.id
+                 FROM held h
+                 CROSS JOIN LATERAL (
+                     SELECT o.partition, o.id FROM outbox o
+                     WHERE o.partition = h.partition AND o.status IN ('PROCESSING', 'PUBLISHED')
+                       AND o.claimed_at < now() - make_interval(secs => $3)
+                       AND o.claimed_at < CASE o.job_type WHEN 'send' THEN h.send_before
+                                                          ELSE h.status_before END
+                     FOR UPDATE SKIP LOCKED
+                 ) s
              ), moved AS (
                  UPDATE outbox o
                  SET status = 'PENDING',
                      last_error = 'stale: not confirmed by a worker in time, and gone from \
                                    its queue store'
                  FROM stale
-                 WHERE o.partition = $1 AND o.id = stale.id
-                   AND EXISTS (SELECT 1 FROM partition_leases l
-                               WHERE l.partition = $1 AND l.epoch = $2)
-                 RETURNING o.status
+                 WHERE o.partition = stale.partition AND o.id = stale.id
+                 RETURNING o.partition, o.status
              )
-             SELECT status, count(*) FROM moved GROUP BY status",
+             SELECT partition, status, count(*) FROM moved GROUP BY partition, status",
         )
-        .bind(fence.partition as i32)
-        .bind(fence.epoch)
+        .bind(&partitions)
+        .bind(&epochs)
         .bind(stale_after.as_secs_f64())
-        .bind(lost_before.send_ms.map(|ms| ms as f64))
-        .bind(lost_before.status_ms.map(|ms| ms as f64))
+        .bind(&send_ms)
+        .bind(&status_ms)
         .fetch_all(pool),
     )
     .await?;
-    tally(counts)
+    tally_by_partition(&partitions, counts)
 }
 
 /// Returns rows a previous owner claimed but never published to PENDING at once, without
@@ -379,24 +413,43 @@ pub const UNLEASED_CLAIM_STALE_AFTER: Duration = Duration::from_secs(300);
 /// so a call the provider did take is not doubled; the frozen worker's own later writes
 /// present a lease that no longer exists and change nothing.
 pub async fn redrive_stale_claims(pool: &PgPool, fence: Fence) -> Result<Redriven, StoreError> {
-    let counts: Vec<(String, i64)> = measured(
+    let mut moved = redrive_stale_claims_many(pool, &[fence]).await?;
+    Ok(moved.pop().unwrap_or_default())
+}
+
+/// [`redrive_stale_claims`] for many partitions in one statement. A fence that no longer holds
+/// moves nothing of its partition. Answers, in input order, what moved in each partition.
+pub async fn redrive_stale_claims_many(
+    pool: &PgPool,
+    fences: &[Fence],
+) -> Result<Vec<Redriven>, StoreError> {
+    if fences.is_empty() {
+        return Ok(Vec::new());
+    }
+    let partitions: Vec<i32> = fences.iter().map(|f| f.partition as i32).collect();
+    let epochs: Vec<i64> = fences.iter().map(|f| f.epoch).collect();
+    let counts: Vec<(i32, String, i64)> = measured(
         Operation::Redrive,
         sqlx::query_as(
-            "WITH stale AS (
+            "WITH held AS (
+                 SELECT i.partition
+                 FROM UNNEST($1::int[], $2::bigint[]) AS i(partition, epoch)
+                 WHERE EXISTS (SELECT 1 FROM partition_leases l
+                               WHERE l.partition = i.partition AND l.epoch = i.epoch)
+             ), stale AS (
                  DELETE FROM in_flight_sends s
-                 WHERE s.partition = $1
+                 WHERE s.partition IN (SELECT partition FROM held)
                    AND coalesce(s.lease_until, s.claimed_at + make_interval(secs => $3)) < now()
-                   AND EXISTS (SELECT 1 FROM partition_leases l
-                               WHERE l.partition = $1 AND l.epoch = $2)
-                 RETURNING s.message_id, s.outbox_id
+                 RETURNING s.partition, s.message_id, s.outbox_id
              ), moved AS (
                  UPDATE outbox o
                  SET status = 'PENDING', claimed_at = NULL,
                      last_error = 'claim lease expired: the worker recorded no outcome'
                  FROM stale
-                 WHERE o.partition = $1 AND o.id = stale.outbox_id AND o.status = 'DONE'
+                 WHERE o.partition = stale.partition AND o.id = stale.outbox_id
+                   AND o.status = 'DONE'
                    AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = stale.message_id)
-                 RETURNING o.id, o.message_id, o.status, o.attempts
+                 RETURNING o.partition, o.id, o.message_id, o.status, o.attempts
              ), events AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, 'RETRYING',
@@ -405,15 +458,15 @@ pub async fn redrive_stale_claims(pool: &PgPool, fence: Fence) -> Result<Redrive
                                            'outcome', 'unknown')
                  FROM moved
              )
-             SELECT status, count(*) FROM moved GROUP BY status",
+             SELECT partition, status, count(*) FROM moved GROUP BY partition, status",
         )
-        .bind(fence.partition as i32)
-        .bind(fence.epoch)
+        .bind(&partitions)
+        .bind(&epochs)
         .bind(UNLEASED_CLAIM_STALE_AFTER.as_secs_f64())
         .fetch_all(pool),
     )
     .await?;
-    tally(counts)
+    tally_by_partition(&partitions, counts)
 }
 
 /// Returns a claimed or published job to PENDING, due after `backoff`, keeping its attempt
@@ -507,20 +560,26 @@ pub async fn redrive_dead(pool: &PgPool, outbox_id: i64) -> Result<Option<u32>, 
     Ok(Some(partition as u32))
 }
 
-/// Counts a re-drive's `(status, rows)` result.
-fn tally(counts: Vec<(String, i64)>) -> Result<Redriven, StoreError> {
-    let mut redriven = Redriven::default();
-    for (status, count) in counts {
-        match status.as_str() {
-            "PENDING" => redriven.pending = count as u64,
-            other => {
-                return Err(StoreError::Corrupt(format!(
-                    "re-drive moved a row to {other}"
-                )))
+/// Counts a re-drive's `(partition, status, rows)` result for each of `partitions`, in order.
+fn tally_by_partition(
+    partitions: &[i32],
+    counts: Vec<(i32, String, i64)>,
+) -> Result<Vec<Redriven>, StoreError> {
+    let mut moved = vec![Redriven::default(); partitions.len()];
+    for (partition, status, count) in counts {
+        if status != "PENDING" {
+            return Err(StoreError::Corrupt(format!(
+                "re-drive moved a row to {status}"
+            )));
+        }
+        for (slot, asked) in moved.iter_mut().zip(partitions) {
+            if *asked == partition {
+                slot.pending += count as u64;
+                break;
             }
         }
     }
-    Ok(redriven)
+    Ok(moved)
 }
 
 /// One partition as operators see it: its recorded owner and epoch, and its backlog.

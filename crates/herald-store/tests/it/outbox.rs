@@ -447,3 +447,67 @@ async fn one_claim_serves_many_partitions_each_behind_its_own_fence() {
         3
     );
 }
+
+/// One re-drive statement for many partitions: each partition is judged by its own fence and
+/// its own store's `lost_before`, and a deposed fence moves nothing of its partition while the
+/// others are re-driven.
+#[tokio::test]
+async fn one_redrive_statement_covers_many_partitions_each_by_its_own_fence_and_store() {
+    use herald_store::outbox::redrive_stale_many;
+
+    let (_pg, pool) = migrated(4).await;
+    for partition in 0..3 {
+        accept_messages(&pool, &[message(partition, None, "stale")])
+            .await
+            .unwrap();
+    }
+    let mut fences = Vec::new();
+    for partition in 0..3 {
+        let fence = take_over(&pool, partition, "p").await.unwrap();
+        let jobs = claim_pending(&pool, fence, 10).await.unwrap();
+        mark_published(&pool, fence, &[jobs[0].outbox_id])
+            .await
+            .unwrap();
+        fences.push(fence);
+    }
+    // Partition 2 changed hands: its old fence is deposed.
+    take_over(&pool, 2, "q").await.unwrap();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    // Partition 0's store lost its job; partition 1's store still holds an older entry.
+    let lost = LostBefore {
+        send_ms: Some(now_ms + 60_000),
+        status_ms: Some(now_ms + 60_000),
+    };
+    let waiting = LostBefore {
+        send_ms: Some(now_ms - 3_600_000),
+        status_ms: Some(now_ms - 3_600_000),
+    };
+    let moved = redrive_stale_many(
+        &pool,
+        &[(fences[0], lost), (fences[1], waiting), (fences[2], lost)],
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        moved,
+        vec![
+            Redriven { pending: 1 },
+            Redriven::default(),
+            Redriven::default()
+        ]
+    );
+    let by_partition: Vec<(i32, String)> =
+        sqlx::query_as("SELECT partition, status FROM outbox ORDER BY partition")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        by_partition,
+        vec![
+            (0, "PENDING".to_owned()),
+            (1, "PUBLISHED".to_owned()),
+            (2, "PUBLISHED".to_owned()),
+        ]
+    );
+}

@@ -335,6 +335,15 @@ async fn a_claim_is_redriven_only_after_its_lease_ran_out_and_the_old_lease_writ
             .unwrap();
         assert_eq!(renewed, 1);
     }
+    // A fence that no longer holds re-drives nothing, though the lease ran out.
+    let deposed = herald_store::outbox::Fence {
+        partition: 1,
+        epoch: fence.epoch - 1,
+    };
+    let moved = herald_store::outbox::redrive_stale_claims_many(&pool, &[deposed])
+        .await
+        .unwrap();
+    assert_eq!(moved[0].pending, 0);
     assert_eq!(redrive_stale_claims(&pool, fence).await.unwrap().pending, 1);
     let view = message_with_history(&pool, frozen.id)
         .await
