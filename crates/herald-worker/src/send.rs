@@ -515,10 +515,42 @@ where
             Err(err) if waited >= retry_for || cancel.is_cancelled() => return Err(err),
             Err(err) => {
                 tracing::warn!(error = %err, "write after the provider call failed; retrying");
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    // Shutting down: the entry stays unacknowledged and is reclaimed.
+                    _ = cancel.cancelled() => return Err(err),
+                    _ = tokio::time::sleep(delay) => {}
+                }
                 waited += delay;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Paused time: the clock moves only while every task waits, so the instants are exact.
+    #[tokio::test(start_paused = true)]
+    async fn a_retrying_write_gives_up_when_cancelled_not_after_its_pause() {
+        let cancel = CancellationToken::new();
+        let started = tokio::time::Instant::now();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            stop.cancel();
+        });
+        let mut tries = 0;
+        let result: Result<(), StoreError> =
+            with_retries_for(&cancel, Duration::from_secs(60), || {
+                tries += 1;
+                async { Err(StoreError::GroupWrite("database down".to_owned())) }
+            })
+            .await;
+        assert!(result.is_err());
+        // Pauses of 100, 200 and 400 ms, then the cancel arrives 300 ms into the 800 ms one.
+        assert_eq!(tries, 4);
+        assert_eq!(started.elapsed(), Duration::from_millis(1000));
     }
 }

@@ -129,7 +129,7 @@ impl Handler for StatusHandler {
     async fn handle_batch(
         &self,
         deliveries: Vec<Delivery>,
-        _cancel: CancellationToken,
+        cancel: CancellationToken,
     ) -> Vec<(String, Handled)> {
         let (jobs, mut answers) = crate::decode_batch(deliveries, status_job);
         let just_jobs: Vec<&Job> = jobs.iter().map(|(_, job)| job).collect();
@@ -141,7 +141,11 @@ impl Handler for StatusHandler {
         for _ in 0..3 {
             let Err(err) = &result else { break };
             tracing::warn!(error = %err, jobs = jobs.len(), "applying a batch of receipts failed; trying again");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::select! {
+                // Shutting down: the entries stay unacknowledged and are reclaimed.
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            }
             result = self.apply_batch(&just_jobs).await;
         }
         match result {
