@@ -256,14 +256,18 @@ pub enum Finding {
     /// Messages without their send outbox row, or receipts no status outbox row names:
     /// something deleted the proof (rule R3).
     OutboxRowsMissing,
+    /// Events, ledger rows or in-flight claims naming a message the database does not have:
+    /// the history lost its message (no foreign key stops it; this check does).
+    HistoryWithoutMessage,
 }
 
 impl Finding {
-    pub const ALL: [Finding; 4] = [
+    pub const ALL: [Finding; 5] = [
         Finding::OrphanEffects,
         Finding::Parked,
         Finding::ReceiptsUnfinished,
         Finding::OutboxRowsMissing,
+        Finding::HistoryWithoutMessage,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -272,6 +276,7 @@ impl Finding {
             Finding::Parked => "parked",
             Finding::ReceiptsUnfinished => "receipts_unfinished",
             Finding::OutboxRowsMissing => "outbox_rows_missing",
+            Finding::HistoryWithoutMessage => "history_without_message",
         }
     }
 

@@ -138,6 +138,8 @@ pub struct DatabaseFindings {
     pub receipts_unfinished: u64,
     /// Messages without their send outbox row plus receipts no status outbox row names.
     pub outbox_rows_missing: u64,
+    /// Events, ledger rows and in-flight claims whose message is not in `messages`.
+    pub history_without_message: u64,
 }
 
 /// Reads the findings. The outbox check is behavioural proof of rule R3: every message has
@@ -166,10 +168,24 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
         )
         .fetch_one(pool)
         .await?;
+    // The history's rows carry no foreign key to their message (migration 0011): this is
+    // the check that stands for one.
+    let history_without_message: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT message_id FROM message_events
+             UNION ALL SELECT message_id FROM ledger
+             UNION ALL SELECT message_id FROM in_flight_sends
+             UNION ALL SELECT message_id FROM awaiting_receipt
+         ) h
+         WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = h.message_id)",
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(DatabaseFindings {
         parked: parked as u64,
         receipts_unfinished: unfinished as u64,
         outbox_rows_missing: (messages_without + receipts_without) as u64,
+        history_without_message: history_without_message as u64,
     })
 }
 
@@ -244,5 +260,9 @@ pub async fn conclude(
     verdict.set_finding(Finding::Parked, findings.parked);
     verdict.set_finding(Finding::ReceiptsUnfinished, findings.receipts_unfinished);
     verdict.set_finding(Finding::OutboxRowsMissing, findings.outbox_rows_missing);
+    verdict.set_finding(
+        Finding::HistoryWithoutMessage,
+        findings.history_without_message,
+    );
     Ok(verdict)
 }

@@ -83,6 +83,54 @@ async fn history_is_append_only_and_messages_immutable() {
     assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 1);
 }
 
+/// The history carries no foreign key to its message (migration 0011: each one took a row
+/// lock on the message per insert); the proof's `history_without_message` finding stands for
+/// it, and counts every kind of history row whose message is not there.
+#[tokio::test]
+async fn history_rows_without_their_message_are_a_finding_of_the_proof() {
+    use herald_store::verify::database_findings;
+
+    let (_pg, pool) = migrated(4).await;
+    herald_store::accept::accept_messages(&pool, &[message(1, None, "kept")])
+        .await
+        .unwrap();
+    assert_eq!(
+        database_findings(&pool)
+            .await
+            .unwrap()
+            .history_without_message,
+        0
+    );
+    let foreign_keys = count(
+        &pool,
+        "SELECT count(*) FROM pg_constraint
+         WHERE contype = 'f' AND confrelid = 'messages'::regclass",
+    )
+    .await;
+    assert_eq!(foreign_keys, 0);
+    // What a bug writing for a message that does not exist would leave behind.
+    let nobody = uuid::Uuid::now_v7();
+    for statement in [
+        "INSERT INTO message_events (message_id, state) VALUES ($1, 'CLAIMED')",
+        "INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
+         VALUES ('k-' || $1::text, $1, 'g', 'p')",
+        "INSERT INTO in_flight_sends (message_id, partition, outbox_id) VALUES ($1, 1, 1)",
+    ] {
+        sqlx::query(statement)
+            .bind(nobody)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        database_findings(&pool)
+            .await
+            .unwrap()
+            .history_without_message,
+        3
+    );
+}
+
 /// Every migration newer than the rules follows them: no statement that would stop intake on a
 /// live database (see `herald_store::migration_rules`).
 #[test]
