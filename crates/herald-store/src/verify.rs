@@ -66,8 +66,9 @@ SELECT m.id, m.created_at,
         ORDER BY herald_state_rank(e.state) DESC,
                  (e.detail->>'provider_time')::timestamptz DESC NULLS LAST, e.seq DESC
         LIMIT 1) AS state,
-       EXISTS (SELECT 1 FROM outbox o WHERE o.message_id = m.id AND o.job_type = 'send'
-                                       AND o.status = 'DEAD') AS dead,
+       -- Through the partial index on DEAD rows: the outbox has no index on message_id.
+       m.id IN (SELECT o.message_id FROM outbox o
+                WHERE o.status = 'DEAD' AND o.job_type = 'send') AS dead,
        (SELECT coalesce(e.detail->>'cause', 'other') FROM message_events e
         WHERE e.message_id = m.id AND e.state = 'FAILED' ORDER BY e.seq DESC LIMIT 1) AS failure,
        (SELECT min(e.at) FROM message_events e
