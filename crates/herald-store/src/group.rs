@@ -278,50 +278,6 @@ mod tests {
         assert!(writes <= 2, "50 queued requests took {writes} writes");
     }
 
-    // Callers woken by one event (idle partitions on one timer tick) on a multi-threaded
-    // runtime, where the first caller's send puts the dispatcher next in line: they share one
-    // write, even with free slots for more.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn callers_woken_together_share_one_write() {
-        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = sizes.clone();
-        let group = GroupCommit::spawn(
-            "test",
-            GroupSettings {
-                max_group: 100,
-                parallel: 4,
-            },
-            move |requests: Arc<Vec<u32>>| {
-                let seen = seen.clone();
-                async move {
-                    seen.lock().unwrap().push(requests.len());
-                    Ok(requests.to_vec())
-                }
-            },
-        );
-        let tick = Arc::new(tokio::sync::Notify::new());
-        let ready = Arc::new(tokio::sync::Barrier::new(11));
-        let calls: Vec<_> = (0..10u32)
-            .map(|i| {
-                let (group, tick, ready) = (group.clone(), tick.clone(), ready.clone());
-                tokio::spawn(async move {
-                    let woken = tick.notified();
-                    tokio::pin!(woken);
-                    woken.as_mut().enable();
-                    ready.wait().await;
-                    woken.await;
-                    group.write(i).await.unwrap()
-                })
-            })
-            .collect();
-        ready.wait().await;
-        tick.notify_waiters();
-        for call in calls {
-            call.await.unwrap();
-        }
-        assert_eq!(*sizes.lock().unwrap(), vec![10]);
-    }
-
     // Requests of weight 30 against a bound of 100: a group takes four (the fourth crosses
     // the bound) even though 50 are waiting and max_group allows 100.
     #[tokio::test(start_paused = true)]
