@@ -318,11 +318,7 @@ impl Poller {
 
     /// The shard of `job_type` that `partition` publishes to.
     fn shard(&self, job_type: JobType, partition: u32) -> Option<&MonitoredStore> {
-        let shards = self
-            .stores
-            .get(&job_type)
-            .filter(|shards| !shards.is_empty())?;
-        Some(&shards[partition as usize % shards.len()])
+        shard_of(&self.stores, job_type, partition).map(|(_, store)| store)
     }
 
     /// The job types whose store (for this partition) can take more jobs. Rows of the others

@@ -146,9 +146,14 @@ pub struct DatabaseFindings {
 /// Reads the findings. The outbox check is behavioural proof of rule R3: every message has
 /// its send row and every receipt its status row for as long as the database holds them.
 pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreError> {
-    let (parked, unfinished, messages_without, receipts_without): (i64, i64, i64, i64) =
-        sqlx::query_as(
-            "SELECT
+    let (parked, unfinished, messages_without, receipts_without, history_without): (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+    ) = sqlx::query_as(
+        "SELECT
                  (SELECT count(*) FROM parking WHERE replayed_at IS NULL),
                  (SELECT count(*) FROM outbox WHERE job_type = 'status' AND status <> 'DONE'),
                  (SELECT count(*) FROM messages m
@@ -165,20 +170,16 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
                   -- NOT EXISTS, not NOT IN: one job naming a null id would make NOT IN
                   -- unknown for every receipt, and the check could never fail.
                   SELECT count(*) FROM receipts r
-                  WHERE NOT EXISTS (SELECT 1 FROM named n WHERE n.id = r.id))",
-        )
-        .fetch_one(pool)
-        .await?;
-    // The history's rows carry no foreign key to their message (migration 0011): this is
-    // the check that stands for one.
-    let history_without_message: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (
-             SELECT message_id FROM message_events
-             UNION ALL SELECT message_id FROM ledger
-             UNION ALL SELECT message_id FROM in_flight_sends
-             UNION ALL SELECT message_id FROM awaiting_receipt
-         ) h
-         WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = h.message_id)",
+                  WHERE NOT EXISTS (SELECT 1 FROM named n WHERE n.id = r.id)),
+                 -- The history's rows carry no foreign key to their message (migration
+                 -- 0011): this is the check that stands for one.
+                 (SELECT count(*) FROM (
+                      SELECT message_id FROM message_events
+                      UNION ALL SELECT message_id FROM ledger
+                      UNION ALL SELECT message_id FROM in_flight_sends
+                      UNION ALL SELECT message_id FROM awaiting_receipt
+                  ) h
+                  WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = h.message_id))",
     )
     .fetch_one(pool)
     .await?;
@@ -186,7 +187,7 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
         parked: parked as u64,
         receipts_unfinished: unfinished as u64,
         outbox_rows_missing: (messages_without + receipts_without) as u64,
-        history_without_message: history_without_message as u64,
+        history_without_message: history_without as u64,
     })
 }
 
