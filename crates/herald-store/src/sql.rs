@@ -5,18 +5,25 @@
 /// a worker may still finish (PROCESSING or PUBLISHED), locked by one probe per key in
 /// `(partition, id)` order, each with its `ctid`. See "Keyed statements" in `docs/DESIGN.md`:
 /// a join of the keys to the partitioned outbox read every child.
+///
+/// The probe names only the key, and the status is checked on the row it locked (the newest
+/// version, after the lock waited for any writer): with `status IN (…)` in the probe, the
+/// partial index of in-flight rows matches it too, and a generic plan made while statistics
+/// said that index was empty read every in-flight row of the child for each key. `OFFSET 0`
+/// keeps the planner from moving the status check back into the probe.
 macro_rules! lock_outbox_rows {
     ($keys:literal) => {
         concat!(
             "locked AS (
-                 SELECT x.* FROM (SELECT * FROM ",
+                 SELECT x.tid, x.partition, x.id FROM (SELECT * FROM ",
             $keys,
             " ORDER BY partition, id) k
                  CROSS JOIN LATERAL (
-                     SELECT o.ctid AS tid, o.partition, o.id FROM outbox o
+                     SELECT o.ctid AS tid, o.partition, o.id, o.status FROM outbox o
                      WHERE o.partition = k.partition AND o.id = k.id
-                       AND o.status IN ('PROCESSING', 'PUBLISHED')
+                     OFFSET 0
                      FOR UPDATE OF o) x
+                 WHERE x.status IN ('PROCESSING', 'PUBLISHED')
              )"
         )
     };
@@ -24,11 +31,13 @@ macro_rules! lock_outbox_rows {
 
 /// The condition of an `UPDATE outbox o` that changes exactly the rows of `locked` (by `ctid`,
 /// a TID scan per child; a `ctid` is unique only within its child, so the key is checked too).
+/// No status condition: `locked` checked it on the very row versions this can change (a row
+/// another transaction changed since the statement began is not visible to it), and a status
+/// condition here would let the in-flight partial index compete with the TID scan.
 macro_rules! the_locked_rows {
     () => {
         "o.ctid = ANY(ARRAY(SELECT tid FROM locked))
-                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)
-                   AND o.status IN ('PROCESSING', 'PUBLISHED')"
+                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)"
     };
 }
 
