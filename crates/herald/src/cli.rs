@@ -557,9 +557,11 @@ pub struct WorkerArgs {
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, env = "HERALD_ADMIN_LISTEN", default_value = "127.0.0.1:9092")]
     pub admin_listen: SocketAddr,
-    /// Jobs handled at once by this server.
-    #[arg(long, env = "HERALD_WORKER_CONCURRENCY", default_value_t = 64)]
-    pub concurrency: usize,
+    /// Jobs handled at once by this server. Default: 512 for send (a job waits on its provider
+    /// call, so throughput is this many jobs per call's round trip: a drain benchmark chose it,
+    /// loadtest/README.md), 64 for status (its batches are bounded by --batches-in-flight).
+    #[arg(long, env = "HERALD_WORKER_CONCURRENCY")]
+    pub concurrency: Option<usize>,
     /// Most entries read and handled together: send confirms them in one statement and
     /// group-commits their outcomes; status applies their receipts in one statement. 1 moves
     /// one job per transaction, as Herald started (for comparison).

@@ -171,14 +171,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
                 "--admin-listen",
                 &admin.to_string(),
             ],
-            &[
-                "--provider-url",
-                &sim,
-                "--concurrency",
-                "128",
-                "--database-max-connections",
-                "32",
-            ],
+            &["--provider-url", &sim, "--database-max-connections", "32"],
             &["--worker-id", &format!("dev-{job_type}-worker")],
             &common[..],
         ])?
