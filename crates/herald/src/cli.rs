@@ -637,6 +637,41 @@ pub struct WorkerArgs {
     pub common: CommonArgs,
 }
 
+/// `--concurrency` of a send worker when none is given: `herald-loadtest drain --durable
+/// --messages 50000` delivered 1,457 msg/s at 64, 2,483 at 256, 3,385 at 512 and 3,587 at
+/// 1,024 (one run each, loadtest/README.md); 512 is past the knee at half the provider
+/// connections of 1,024.
+pub const DEFAULT_SEND_CONCURRENCY: usize = 512;
+/// `--concurrency` of a status worker when none is given (its batches are bounded by
+/// `--batches-in-flight`, not by this).
+pub const DEFAULT_STATUS_CONCURRENCY: usize = 64;
+
+impl WorkerArgs {
+    /// `--concurrency`, or the default of this job type.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency.unwrap_or(match self.job_type {
+            JobType::Send => DEFAULT_SEND_CONCURRENCY,
+            JobType::Status => DEFAULT_STATUS_CONCURRENCY,
+        })
+    }
+
+    /// `--batches-in-flight`, or the default of this job type.
+    pub fn batches_in_flight(&self) -> usize {
+        self.batches_in_flight.unwrap_or(match self.job_type {
+            JobType::Send => 0,
+            JobType::Status => 2,
+        })
+    }
+
+    /// The same settings with the job type's defaults filled in, so `--print-config` shows
+    /// the values the worker runs with.
+    pub fn with_job_type_defaults(mut self) -> Self {
+        self.concurrency = Some(self.concurrency());
+        self.batches_in_flight = Some(self.batches_in_flight());
+        self
+    }
+}
+
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct SimArgs {
     /// Address the simulator (and its /healthz, /readyz, /metrics) listens on.

@@ -14,6 +14,7 @@ use crate::cli::{print_config, process_name, ConfigError, WorkerArgs};
 use crate::{shutdown, telemetry};
 
 pub async fn main(args: WorkerArgs) -> anyhow::Result<i32> {
+    let args = args.with_job_type_defaults();
     if print_config(&args.common, &args) {
         return Ok(0);
     }
@@ -26,20 +27,8 @@ pub async fn main(args: WorkerArgs) -> anyhow::Result<i32> {
 /// write waits about this long after the write.
 const HELD_RECEIPTS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// `--concurrency` of a send worker when none is given: `herald-loadtest drain --durable
-/// --messages 50000` delivered 1,457 msg/s at 64, 2,483 at 256, 3,385 at 512 and 3,587 at
-/// 1,024 (one run each, loadtest/README.md); 512 is past the knee at half the provider
-/// connections of 1,024.
-pub const DEFAULT_SEND_CONCURRENCY: usize = 512;
-/// `--concurrency` of a status worker when none is given (its batches are bounded by
-/// `--batches-in-flight`, not by this).
-pub const DEFAULT_STATUS_CONCURRENCY: usize = 64;
-
 pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<()> {
-    let concurrency = args.concurrency.unwrap_or(match args.job_type {
-        JobType::Send => DEFAULT_SEND_CONCURRENCY,
-        JobType::Status => DEFAULT_STATUS_CONCURRENCY,
-    });
+    let concurrency = args.concurrency();
     if concurrency == 0 || args.max_attempts == 0 || args.max_batch == 0 {
         return Err(ConfigError(
             "--concurrency, --max-attempts and --max-batch must be at least 1".into(),
@@ -125,10 +114,7 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         consumer: consumer.clone(),
         concurrency,
         max_batch: args.max_batch,
-        batches_in_flight: args.batches_in_flight.unwrap_or(match args.job_type {
-            JobType::Send => 0,
-            JobType::Status => 2,
-        }),
+        batches_in_flight: args.batches_in_flight(),
         reclaim_idle: args.reclaim_idle,
         ..WorkerSettings::default()
     };

@@ -388,3 +388,35 @@ fn plan_checks_the_budgets_of_a_helm_release() {
     let out = herald(&["plan", "--config", example, "--values", &defaults]);
     assert_eq!(out.status.code(), Some(64));
 }
+
+/// A worker's defaults depend on its job type; --print-config shows the values it runs with,
+/// and a flag still wins over them.
+#[test]
+fn print_config_shows_the_job_types_own_defaults() {
+    let config = |extra: &[&str]| {
+        let out = std::process::Command::new(HERALD)
+            .args(["worker", "--print-config"])
+            .args(extra)
+            .env("HERALD_DATABASE_URL", "postgres://herald@db/herald")
+            .env("HERALD_REDIS_URL", "redis://queue:6379")
+            .env("HERALD_PROVIDER_URL", "http://provider:8080")
+            .env_remove("HERALD_WORKER_CONCURRENCY")
+            .env_remove("HERALD_WORKER_BATCHES_IN_FLIGHT")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let send = config(&["--job-type", "send"]);
+    assert_eq!(send["concurrency"], 512);
+    assert_eq!(send["batches_in_flight"], 0);
+    let status = config(&["--job-type", "status"]);
+    assert_eq!(status["concurrency"], 64);
+    assert_eq!(status["batches_in_flight"], 2);
+    let chosen = config(&["--job-type", "send", "--concurrency", "7"]);
+    assert_eq!(chosen["concurrency"], 7, "a flag wins over the default");
+}
