@@ -201,7 +201,12 @@ pub async fn record_accepted_batch(
                  ON CONFLICT (idempotency_key) DO NOTHING
                  RETURNING idempotency_key, message_id, gateway, provider_id
              ), settled AS (
-                 DELETE FROM in_flight_sends WHERE message_id = ANY($2)
+                 -- Locked in message order, as renew_leases locks them: a renewal and this
+                 -- delete taking the same rows in different orders deadlocked.
+                 DELETE FROM in_flight_sends s
+                 USING (SELECT message_id FROM in_flight_sends WHERE message_id = ANY($2)
+                        ORDER BY message_id FOR UPDATE) l
+                 WHERE s.message_id = l.message_id
              ), accepted AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, 'ACCEPTED',
@@ -374,9 +379,17 @@ pub async fn renew_leases(
     let done = measured(
         Operation::Renew,
         sqlx::query(
-            "UPDATE in_flight_sends s SET lease_until = now() + make_interval(secs => $3)
-             FROM UNNEST($1::uuid[], $2::uuid[]) AS h(message_id, lease)
-             WHERE s.message_id = h.message_id AND s.lease = h.lease",
+            // Rows are locked in message order, as record_accepted_batch locks the ones it
+            // deletes: taking them in the plan's order deadlocked with it under load.
+            "WITH held AS (
+                 SELECT s.message_id FROM in_flight_sends s
+                 JOIN UNNEST($1::uuid[], $2::uuid[]) AS h(message_id, lease)
+                   ON s.message_id = h.message_id AND s.lease = h.lease
+                 ORDER BY s.message_id
+                 FOR UPDATE OF s
+             )
+             UPDATE in_flight_sends s SET lease_until = now() + make_interval(secs => $3)
+             FROM held WHERE s.message_id = held.message_id",
         )
         .bind(&messages)
         .bind(&leases)
