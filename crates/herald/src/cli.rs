@@ -603,10 +603,14 @@ pub struct WorkerArgs {
     #[arg(long, env = "HERALD_CLAIM_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub claim_lease: Duration,
-    /// Back-off after the first failed provider call; doubles per attempt up to 1 minute.
+    /// Back-off after the first failed provider call; doubles per attempt up to --retry-max.
     #[arg(long, env = "HERALD_RETRY_BASE", default_value = "500ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub retry_base: Duration,
+    /// Longest back-off between two provider attempts of one send. At least --retry-base.
+    #[arg(long, env = "HERALD_RETRY_MAX", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub retry_max: Duration,
     /// An entry another consumer left unacknowledged this long is taken over.
     #[arg(long, env = "HERALD_WORKER_RECLAIM_IDLE", default_value = "60s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]

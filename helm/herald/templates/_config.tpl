@@ -84,6 +84,7 @@ HERALD_PROVIDER_TIMEOUT: {{ $w.providerTimeout | quote }}
 HERALD_MAX_ATTEMPTS: {{ $w.maxAttempts | int64 | quote }}
 HERALD_CLAIM_LEASE: {{ $w.claimLease | quote }}
 HERALD_RETRY_BASE: {{ $w.retryBase | quote }}
+HERALD_RETRY_MAX: {{ $w.retryMax | quote }}
 {{- with $w.blockedRecipients }}
 HERALD_BLOCKED_RECIPIENTS: {{ join "," . | quote }}
 {{- end }}

@@ -35,9 +35,18 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
         )
         .into());
     }
+    if args.retry_max < args.retry_base {
+        return Err(ConfigError(format!(
+            "--retry-max ({}) must be at least --retry-base ({})",
+            humantime::format_duration(args.retry_max),
+            humantime::format_duration(args.retry_base)
+        ))
+        .into());
+    }
     let send_settings = SendSettings {
         max_attempts: args.max_attempts,
         retry_base: args.retry_base,
+        retry_max: args.retry_max,
         max_group: args.max_batch,
         blocked_recipients: args
             .blocked_recipients

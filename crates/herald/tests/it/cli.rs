@@ -420,3 +420,41 @@ fn print_config_shows_the_job_types_own_defaults() {
     let chosen = config(&["--job-type", "send", "--concurrency", "7"]);
     assert_eq!(chosen["concurrency"], 7, "a flag wins over the default");
 }
+
+/// A back-off cap below the first back-off is a configuration error, named before anything
+/// connects; the cap is shown with the other settings.
+#[test]
+fn a_retry_cap_below_the_first_back_off_exits_64() {
+    let base = [
+        "worker",
+        "--job-type",
+        "send",
+        "--database-url",
+        "postgres://127.0.0.1:1/x",
+        "--redis-url",
+        "redis://127.0.0.1:1/",
+        "--provider-url",
+        "http://127.0.0.1:1",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--retry-base", "2s", "--retry-max", "1s"]);
+    let out = herald(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("--retry-max (1s) must be at least --retry-base (2s)"),
+        "{stderr}"
+    );
+
+    let mut args = base.to_vec();
+    args.extend(["--retry-max", "5s", "--print-config"]);
+    let out = herald(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(config["retry_max"], "5s");
+    assert_eq!(config["retry_base"], "500ms");
+}

@@ -145,6 +145,12 @@ async fn provider_errors_and_timeouts_are_retried_without_a_second_effect() {
             "300ms",
             "--retry-base",
             "20ms",
+            // A timed-out submit keeps its key busy at the provider for the 2 s delay, so the
+            // attempts right after it answer 409: with the default 60 s cap, a message unlucky
+            // twice waits out minute-long back-offs and the test outlives its deadline on a
+            // loaded machine.
+            "--retry-max",
+            "500ms",
             "--max-attempts",
             "50",
         ]
