@@ -145,42 +145,138 @@ pub async fn load_receipts(
     Ok(rows.into_iter().map(|r| (r.id, r)).collect())
 }
 
-/// [`message_for_receipt`] for many receipts in one query: `(gateway, provider id, written
-/// by)` each — the latest moment the provider can have written the receipt (its stated time
-/// plus the timestamp's resolution) — answered in input order.
+/// A receipt to find the send of: its gateway and provider id, the interval its timestamp
+/// names (the provider wrote it between `written_from` and `written_by`, by its own clock), and
+/// whether it is final (a final receipt settles the send it is applied to).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceiptLookup {
+    pub gateway: String,
+    pub provider_id: String,
+    pub written_from: DateTime<Utc>,
+    pub written_by: DateTime<Utc>,
+    pub is_final: bool,
+}
+
+/// The send a receipt was matched to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReceiptMatch {
+    /// `None`: no recorded send can be its.
+    pub message_id: Option<Uuid>,
+    /// More than one recorded send with its `(gateway, provider id)` started within the
+    /// interval the receipt's timestamp names (widened by the clock skew): the gateway reused
+    /// the id sooner than Herald can tell its receipts apart.
+    pub ambiguous: bool,
+}
+
+/// Most recorded sends with one `(gateway, provider id)` one lookup weighs.
+const MATCH_CANDIDATES: i64 = 8;
+
+/// The send each receipt is about, in one query, answered in input order. Provider ids are
+/// unique per gateway only and wrap.
+///
+/// Each receipt belongs to the newest send with its `(gateway, provider id)` whose first
+/// attempt started no later than `written_by` plus [`RECEIPT_CLOCK_SKEW`]. When several such
+/// sends started within the interval the receipt names (a gateway that reused the id within a
+/// `YYMMDDhhmm` minute), the newest is not necessarily its: receipts come in the order the
+/// provider wrote them, so it goes to the oldest of those sends that no final receipt has
+/// settled yet — counting the final receipts earlier in `receipts`, which are applied with it
+/// — and to the newest when all are settled.
 pub async fn messages_for_receipts(
     pool: &PgPool,
-    receipts: &[(String, String, DateTime<Utc>)],
-) -> Result<Vec<Option<Uuid>>, StoreError> {
+    receipts: &[ReceiptLookup],
+) -> Result<Vec<ReceiptMatch>, StoreError> {
     if receipts.is_empty() {
         return Ok(Vec::new());
     }
-    let gateways: Vec<&str> = receipts.iter().map(|r| r.0.as_str()).collect();
-    let provider_ids: Vec<&str> = receipts.iter().map(|r| r.1.as_str()).collect();
-    let times: Vec<DateTime<Utc>> = receipts.iter().map(|r| r.2).collect();
-    let rows: Vec<(i64, Option<Uuid>)> = sqlx::query_as(
-        "SELECT i.ord,
-                (SELECT l.message_id FROM ledger l
-                 WHERE l.gateway = i.gateway AND l.provider_id = i.provider_id
-                   AND coalesce(l.submitted_at, l.created_at)
-                       <= i.provider_time + make_interval(secs => $4)
-                 ORDER BY coalesce(l.submitted_at, l.created_at) DESC LIMIT 1)
-         FROM UNNEST($1::text[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
-              AS i(gateway, provider_id, provider_time, ord)",
+    let gateways: Vec<&str> = receipts.iter().map(|r| r.gateway.as_str()).collect();
+    let provider_ids: Vec<&str> = receipts.iter().map(|r| r.provider_id.as_str()).collect();
+    let from: Vec<DateTime<Utc>> = receipts.iter().map(|r| r.written_from).collect();
+    let by: Vec<DateTime<Utc>> = receipts.iter().map(|r| r.written_by).collect();
+    // Newest first per receipt. Whether a candidate is settled is read only when the receipt
+    // has more than one candidate inside its interval (the rare, ambiguous case).
+    let rows: Vec<(i64, Uuid, bool, Option<bool>)> = sqlx::query_as(
+        "SELECT i.ord, c.message_id, c.inside, f.settled
+         FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[])
+              WITH ORDINALITY AS i(gateway, provider_id, written_from, written_by, ord)
+         CROSS JOIN LATERAL (
+             SELECT n.*, count(*) FILTER (WHERE n.inside) OVER () AS inside_count
+             FROM (SELECT l.message_id, coalesce(l.submitted_at, l.created_at) AS submitted,
+                          coalesce(l.submitted_at, l.created_at)
+                              >= i.written_from - make_interval(secs => $5) AS inside
+                   FROM ledger l
+                   WHERE l.gateway = i.gateway AND l.provider_id = i.provider_id
+                     AND coalesce(l.submitted_at, l.created_at)
+                         <= i.written_by + make_interval(secs => $5)
+                   ORDER BY coalesce(l.submitted_at, l.created_at) DESC
+                   LIMIT $6) n) c
+         LEFT JOIN LATERAL (
+             -- Aggregates per message, not EXISTS: see settled_sends.
+             SELECT bool_or(e.detail ? 'receipt_id') AS settled
+             FROM message_events e
+             WHERE c.inside AND c.inside_count > 1
+               AND e.message_id = c.message_id AND herald_state_rank(e.state) = 5) f ON true
+         ORDER BY i.ord, c.submitted DESC",
     )
     .bind(&gateways)
     .bind(&provider_ids)
-    .bind(&times)
+    .bind(&from)
+    .bind(&by)
     .bind(RECEIPT_CLOCK_SKEW.as_secs_f64())
+    .bind(MATCH_CANDIDATES)
     .fetch_all(pool)
     .await?;
-    let mut out = vec![None; receipts.len()];
-    for (ord, message) in rows {
-        if let Some(slot) = out.get_mut((ord - 1) as usize) {
-            *slot = message;
+    let mut candidates: Vec<Vec<Candidate>> = vec![Vec::new(); receipts.len()];
+    for (ord, message_id, inside, settled) in rows {
+        if let Some(slot) = candidates.get_mut((ord - 1) as usize) {
+            slot.push(Candidate {
+                message_id,
+                inside,
+                settled: settled.unwrap_or(false),
+            });
         }
     }
-    Ok(out)
+    Ok(choose_sends(receipts, &candidates))
+}
+
+/// A recorded send a receipt may be for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Candidate {
+    message_id: Uuid,
+    /// It started within the interval the receipt's timestamp names.
+    inside: bool,
+    /// A final receipt settled it already.
+    settled: bool,
+}
+
+/// Picks each receipt's send from its candidates (newest first), in order: see
+/// [`messages_for_receipts`].
+fn choose_sends(receipts: &[ReceiptLookup], candidates: &[Vec<Candidate>]) -> Vec<ReceiptMatch> {
+    let mut settled_here = std::collections::HashSet::new();
+    receipts
+        .iter()
+        .zip(candidates)
+        .map(|(receipt, candidates)| {
+            let inside: Vec<&Candidate> = candidates.iter().filter(|c| c.inside).collect();
+            let ambiguous = inside.len() > 1;
+            let chosen = if ambiguous {
+                inside
+                    .iter()
+                    .rev()
+                    .find(|c| !c.settled && !settled_here.contains(&c.message_id))
+                    .map(|c| c.message_id)
+                    .or_else(|| candidates.first().map(|c| c.message_id))
+            } else {
+                candidates.first().map(|c| c.message_id)
+            };
+            if let (Some(message_id), true) = (chosen, receipt.is_final) {
+                settled_here.insert(message_id);
+            }
+            ReceiptMatch {
+                message_id: chosen,
+                ambiguous,
+            }
+        })
+        .collect()
 }
 
 /// Of each `(message, provider status, provider time)` a receipt matched: the submit time of
@@ -553,21 +649,6 @@ pub async fn finish_status_jobs(
         .into_iter()
         .map(|(partition, id)| (partition as u32, id))
         .collect())
-}
-
-/// The message a receipt is about: the effect with this (gateway, provider id) whose first
-/// attempt started last, no later than the receipt was written (`written_by`, plus
-/// [`RECEIPT_CLOCK_SKEW`]).
-/// Provider ids are unique per gateway only and wrap, so a newer effect with the same id is a
-/// different message, however late the receipt arrives.
-pub async fn message_for_receipt(
-    pool: &PgPool,
-    gateway: &str,
-    provider_id: &str,
-    written_by: DateTime<Utc>,
-) -> Result<Option<Uuid>, StoreError> {
-    let one = [(gateway.to_owned(), provider_id.to_owned(), written_by)];
-    Ok(messages_for_receipts(pool, &one).await?.pop().flatten())
 }
 
 /// Applies a mapped receipt: the status job's outbox row becomes DONE and the state is appended

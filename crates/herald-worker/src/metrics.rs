@@ -30,6 +30,9 @@ pub const SETTLING: &str = "herald_sends_settling_total";
 pub const HELD: &str = "herald_receipts_held";
 /// Held receipts queued again once their send was recorded.
 pub const RELEASED: &str = "herald_receipts_released_total";
+/// Receipts that more than one recorded send could be for: their gateway reused the provider
+/// id within the receipt timestamp's resolution plus the clock skew.
+pub const AMBIGUOUS: &str = "herald_receipts_ambiguous_total";
 
 /// The `outcome` values of [`JOBS`] for sends and for receipts.
 pub const SEND_OUTCOMES: [&str; 12] = [
@@ -77,6 +80,10 @@ pub fn describe() {
     metrics::describe_counter!(
         RELEASED,
         "Held receipts queued again once their send was recorded."
+    );
+    metrics::describe_counter!(
+        AMBIGUOUS,
+        "Receipts more than one recorded send could be for (the gateway reused a provider id within the receipt timestamp's resolution)."
     );
     metrics::describe_histogram!(
         PROVIDER_CALL_DURATION,
@@ -142,6 +149,7 @@ fn register_at_zero() {
     metrics::counter!(UNKNOWN).increment(0);
     metrics::counter!(SETTLING).increment(0);
     metrics::counter!(RELEASED).increment(0);
+    metrics::counter!(AMBIGUOUS).increment(0);
     let _ = metrics::histogram!(PROVIDER_CALL_DURATION);
     herald_store::group::register_metrics("ledger");
 }

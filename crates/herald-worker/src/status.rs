@@ -18,7 +18,8 @@ use herald_queue::Delivery;
 use herald_store::receipts::{
     count_held, finish_status_jobs, ledger_committed_up_to, load_receipts, mark_silent_unknown,
     messages_for_receipts, park_expired_held, reconcile_ledger, release_held_receipts,
-    settled_sends, ReceiptToApply, ReceiptToHold, ReceiptToPark, StatusOutcomes, StoredReceipt,
+    settled_sends, ReceiptLookup, ReceiptToApply, ReceiptToHold, ReceiptToPark, StatusOutcomes,
+    StoredReceipt,
 };
 use herald_store::wakeups::Wakeups;
 use herald_store::StoreError;
@@ -210,17 +211,26 @@ impl StatusHandler {
                 Step::Park { .. } => None,
             })
             .collect();
-        let lookups: Vec<_> = mapped
+        let lookups: Vec<ReceiptLookup> = mapped
             .iter()
-            .map(|(_, m)| {
-                (
-                    m.receipt.gateway.clone(),
-                    m.provider_id.clone(),
-                    m.written_by,
-                )
+            .map(|(_, m)| ReceiptLookup {
+                gateway: m.receipt.gateway.clone(),
+                provider_id: m.provider_id.clone(),
+                written_from: m.provider_time,
+                written_by: m.written_by,
+                is_final: herald_core::receipt::is_final(m.state),
             })
             .collect();
-        let found = messages_for_receipts(&self.pool, &lookups).await?;
+        let matches = messages_for_receipts(&self.pool, &lookups).await?;
+        for ((_, r), found) in mapped.iter().zip(&matches) {
+            if found.ambiguous {
+                ::metrics::counter!(m::AMBIGUOUS).increment(1);
+                tracing::warn!(gateway = %r.receipt.gateway, provider_id = %r.provider_id,
+                    receipt_id = r.receipt.id, message_id = ?found.message_id,
+                    "the gateway reused this provider id within the receipt timestamp's resolution: the receipt goes to the oldest such send without a final receipt");
+            }
+        }
+        let found: Vec<Option<uuid::Uuid>> = matches.iter().map(|f| f.message_id).collect();
         // A receipt whose matching send is already settled by another final receipt is most
         // likely for a newer send that reused the provider id and is not recorded yet: it is
         // held, unless it already waited that way for the whole window (`as_duplicate`).

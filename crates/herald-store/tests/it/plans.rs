@@ -165,3 +165,64 @@ async fn batched_statements_read_only_their_batch(statistics: Statistics) {
         after_apply - after_confirm
     );
 }
+
+/// A provider id that wrapped many times has many ledger rows; a receipt lookup reads the
+/// newest few of them through the index, not every row the id ever had.
+#[tokio::test]
+async fn a_receipt_lookup_reads_a_few_ledger_rows_however_often_its_id_wrapped() {
+    use herald_store::receipts::{messages_for_receipts, ReceiptLookup};
+
+    let (_pg, pool) = migrated(4).await;
+    // Provider ids 1..=100 of one gateway, each issued 500 times, one send a second.
+    sqlx::query(
+        "INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id, created_at,
+                             submitted_at)
+         SELECT 'send:' || g, gen_random_uuid(), 'gw', (g % 100 + 1)::text,
+                now() - make_interval(secs => 50000 - g), now() - make_interval(secs => 50000 - g)
+         FROM generate_series(1, 50000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE ledger").execute(&pool).await.unwrap();
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            (*pool.connect_options())
+                .clone()
+                .options(herald_store::GENERIC_PLANS),
+        )
+        .await
+        .unwrap();
+    let ledger_rows_read = || async {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&one)
+            .await
+            .unwrap();
+        sqlx::query_scalar::<_, i64>(
+            "SELECT (coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::bigint
+             FROM pg_stat_user_tables WHERE relname = 'ledger'",
+        )
+        .fetch_one(&one)
+        .await
+        .unwrap()
+    };
+    let now = chrono::Utc::now();
+    let lookups: Vec<ReceiptLookup> = (1..=50)
+        .map(|id| ReceiptLookup {
+            gateway: "gw".to_owned(),
+            provider_id: id.to_string(),
+            written_from: now,
+            written_by: now + chrono::Duration::seconds(1),
+            is_final: true,
+        })
+        .collect();
+    let before = ledger_rows_read().await;
+    let found = messages_for_receipts(&one, &lookups).await.unwrap();
+    assert!(found.iter().all(|m| m.message_id.is_some()));
+    let read = ledger_rows_read().await - before;
+    assert!(
+        read <= 50 * 8,
+        "50 lookups of ids with 500 ledger rows each read {read} ledger rows"
+    );
+}

@@ -446,7 +446,16 @@ async fn a_late_receipt_finds_its_own_message_after_the_provider_id_wrapped() {
         ),
         ("other".to_owned(), "7".to_owned(), now),
     ];
-    let found = messages_for_receipts(&pool, &lookups).await.unwrap();
+    let lookups: Vec<_> = lookups
+        .into_iter()
+        .map(|(gateway, provider_id, at)| final_receipt(&gateway, &provider_id, at))
+        .collect();
+    let found: Vec<_> = messages_for_receipts(&pool, &lookups)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.message_id)
+        .collect();
     assert_eq!(found, vec![Some(first.id), Some(second.id), None, None]);
 }
 
@@ -626,10 +635,11 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     };
     // The receipt for the newer send matches only the older one so far...
     assert_eq!(
-        messages_for_receipts(&pool, &[("gw".to_owned(), "7".to_owned(), now)])
+        messages_for_receipts(&pool, &[final_receipt("gw", "7", now)])
             .await
-            .unwrap(),
-        vec![Some(older.id)]
+            .unwrap()[0]
+            .message_id,
+        Some(older.id)
     );
     // ...which is settled by an earlier final receipt. A copy of that receipt, or an
     // intermediate one stamped before it (arriving out of order), is the settled send's own;
@@ -674,10 +684,11 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
         .iter()
         .all(|job| job.payload.get("as_duplicate").is_none()));
     assert_eq!(
-        messages_for_receipts(&pool, &[("gw".to_owned(), "7".to_owned(), now)])
+        messages_for_receipts(&pool, &[final_receipt("gw", "7", now)])
             .await
-            .unwrap(),
-        vec![Some(newer.id)]
+            .unwrap()[0]
+            .message_id,
+        Some(newer.id)
     );
 
     // Held against the newest send, with no newer one coming: after the window it is
@@ -694,6 +705,134 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     assert_eq!(last.len(), 1);
     assert_eq!(last[0].payload["as_duplicate"], true);
     assert_eq!(last[0].payload["receipt_id"], waits);
+}
+
+/// A gateway that reuses a provider id within a minute and stamps its receipts to the minute:
+/// three sends with id 9 started in one minute, the first already settled. Each receipt goes
+/// to the oldest of them no final receipt has settled — counting the final receipts before it
+/// in the same batch — not to the newest; a receipt stamped to the second still names one.
+#[tokio::test]
+async fn receipts_for_an_id_reused_within_their_minute_go_to_the_oldest_unsettled_send() {
+    use herald_store::receipts::{messages_for_receipts, ReceiptLookup};
+
+    let (_pg, pool) = migrated(4).await;
+    let sends: Vec<_> = ["first", "second", "third"]
+        .iter()
+        .map(|name| message(1, None, name))
+        .collect();
+    accept_messages(&pool, &sends).await.unwrap();
+    let fence = take_over(&pool, 1, "p").await.unwrap();
+    let receipt = ProviderReceipt {
+        gateway: "gw".to_owned(),
+        provider_id: "9".to_owned(),
+    };
+    for job in claim_pending(&pool, fence, 3).await.unwrap() {
+        let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
+            .await
+            .unwrap()
+            .unwrap();
+        record_accepted(
+            &pool,
+            owned.message_id,
+            &send_effect_key(owned.message_id),
+            &receipt,
+        )
+        .await
+        .unwrap();
+    }
+    // The minute before last: the sends started 5, 24 and 43 s into it.
+    let minute: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT date_trunc('minute', now()) - interval '2 minutes'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    for (send, second) in sends.iter().zip([5, 24, 43]) {
+        sqlx::query("UPDATE ledger SET submitted_at = $2 WHERE message_id = $1")
+            .bind(send.id)
+            .bind(minute + chrono::Duration::seconds(second))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO message_events (message_id, state, detail)
+         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', 1, 'provider_status', 'DELIVRD',
+                                                     'provider_time', $2::timestamptz))",
+    )
+    .bind(sends[0].id)
+    .bind(minute)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let stamped_to_the_minute = |is_final| ReceiptLookup {
+        gateway: "gw".to_owned(),
+        provider_id: "9".to_owned(),
+        written_from: minute,
+        written_by: minute + chrono::Duration::minutes(1),
+        is_final,
+    };
+    // In the order the gateway wrote them: the second send's final receipt, then the third's
+    // intermediate and final ones, then a copy of the second's.
+    let batch = [
+        stamped_to_the_minute(true),
+        stamped_to_the_minute(false),
+        stamped_to_the_minute(true),
+    ];
+    let found = messages_for_receipts(&pool, &batch).await.unwrap();
+    let ids: Vec<_> = found.iter().map(|m| m.message_id).collect();
+    assert_eq!(
+        ids,
+        vec![Some(sends[1].id), Some(sends[2].id), Some(sends[2].id)]
+    );
+    assert!(found.iter().all(|m| m.ambiguous), "{found:?}");
+
+    // Once the second's final receipt is recorded, the third's final receipt in a later batch
+    // still finds the third.
+    sqlx::query(
+        "INSERT INTO message_events (message_id, state, detail)
+         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', 2, 'provider_status', 'DELIVRD',
+                                                     'provider_time', $2::timestamptz))",
+    )
+    .bind(sends[1].id)
+    .bind(minute)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let later = messages_for_receipts(&pool, &[stamped_to_the_minute(true)])
+        .await
+        .unwrap();
+    assert_eq!(later[0].message_id, Some(sends[2].id));
+    // All three settled: the newest, as without reuse (the caller then holds or applies it
+    // as a copy by its time).
+    sqlx::query(
+        "INSERT INTO message_events (message_id, state, detail)
+         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', 3, 'provider_status', 'DELIVRD',
+                                                     'provider_time', $2::timestamptz))",
+    )
+    .bind(sends[2].id)
+    .bind(minute)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let settled = messages_for_receipts(&pool, &[stamped_to_the_minute(true)])
+        .await
+        .unwrap();
+    assert_eq!(settled[0].message_id, Some(sends[2].id));
+
+    // Stamped to the second, 50 ms after the second send started: only that send started
+    // within its interval (plus the skew), so it is the second's and not ambiguous.
+    let to_the_second = ReceiptLookup {
+        gateway: "gw".to_owned(),
+        provider_id: "9".to_owned(),
+        written_from: minute + chrono::Duration::milliseconds(24_050),
+        written_by: minute + chrono::Duration::milliseconds(25_050),
+        is_final: true,
+    };
+    let exact = messages_for_receipts(&pool, &[to_the_second])
+        .await
+        .unwrap();
+    assert_eq!(exact[0].message_id, Some(sends[1].id));
+    assert!(!exact[0].ambiguous);
 }
 
 /// A status job carrying several receipts is finished whole in one statement: one receipt
@@ -893,4 +1032,19 @@ async fn the_reconciliation_reads_the_ledger_once_and_waits_for_open_writes() {
         }
     }
     assert_eq!(marked, 3);
+}
+
+/// A final receipt stamped `at` to a second (as Unix seconds are), to look its send up by.
+fn final_receipt(
+    gateway: &str,
+    provider_id: &str,
+    at: chrono::DateTime<chrono::Utc>,
+) -> herald_store::receipts::ReceiptLookup {
+    herald_store::receipts::ReceiptLookup {
+        gateway: gateway.to_owned(),
+        provider_id: provider_id.to_owned(),
+        written_from: at,
+        written_by: at + chrono::Duration::seconds(1),
+        is_final: true,
+    }
 }
