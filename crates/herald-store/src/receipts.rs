@@ -279,36 +279,52 @@ fn choose_sends(receipts: &[ReceiptLookup], candidates: &[Vec<Candidate>]) -> Ve
         .collect()
 }
 
-/// Of each `(message, provider status, provider time)` a receipt matched: the submit time of
-/// the message's send when a final receipt already settled it and this receipt is stamped
-/// later than every final receipt of it, else `None`. Such a receipt is most likely for a
-/// newer send that reused the provider id and is not recorded yet; it is held (see
-/// [`ReceiptToHold::superseding`]) instead of being applied to the settled message. A copy of a
-/// final receipt, or an intermediate one that arrived after the final, carries a time no later
-/// than the final's and is applied at once. (The status is passed for the record; the time
-/// decides.)
+/// A receipt matched to a send, to check against the send's final receipts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettledCheck {
+    pub message_id: Uuid,
+    /// The status the receipt states (for the record; the time decides).
+    pub provider_status: String,
+    /// The time the receipt states.
+    pub provider_time: DateTime<Utc>,
+    /// Its timestamp names an interval longer than a second (`YYMMDDhhmm`: a minute).
+    pub coarse: bool,
+}
+
+/// Of each receipt matched to a send: the submit time of that send when a final receipt
+/// already settled it and this receipt is stamped later than every final receipt of it, else
+/// `None`. Such a receipt is most likely for a newer send that reused the provider id and is
+/// not recorded yet; it is held (see [`ReceiptToHold::superseding`]) instead of being applied
+/// to the settled send. A copy of a final receipt, or an intermediate one that arrived after
+/// the final, carries a time no later than the final's and is applied at once — except that
+/// a coarse timestamp equal to the final's tells nothing: a newer send that reused the id
+/// within that minute stamps its receipts with the same minute, so such a receipt is held too
+/// (a true copy is applied as one once [`SUPERSEDED_HOLD`] passes without a newer send).
 pub async fn settled_sends(
     pool: &PgPool,
-    matched: &[(Uuid, String, DateTime<Utc>)],
+    matched: &[SettledCheck],
 ) -> Result<Vec<Option<DateTime<Utc>>>, StoreError> {
     if matched.is_empty() {
         return Ok(Vec::new());
     }
-    let messages: Vec<Uuid> = matched.iter().map(|m| m.0).collect();
-    let statuses: Vec<&str> = matched.iter().map(|m| m.1.as_str()).collect();
-    let times: Vec<DateTime<Utc>> = matched.iter().map(|m| m.2).collect();
+    let messages: Vec<Uuid> = matched.iter().map(|m| m.message_id).collect();
+    let statuses: Vec<&str> = matched.iter().map(|m| m.provider_status.as_str()).collect();
+    let times: Vec<DateTime<Utc>> = matched.iter().map(|m| m.provider_time).collect();
+    let coarse: Vec<bool> = matched.iter().map(|m| m.coarse).collect();
     let rows: Vec<(i64, Option<DateTime<Utc>>)> = sqlx::query_as(
         "SELECT i.ord,
                 (SELECT max(coalesce(l.submitted_at, l.created_at)) FROM ledger l
                  WHERE l.message_id = i.message_id)
-         FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
-              AS i(message_id, status, provider_time, ord)
+         FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[], $4::bool[]) WITH ORDINALITY
+              AS i(message_id, status, provider_time, coarse, ord)
          -- Aggregates per message, not EXISTS: the planner turns EXISTS into a join over
          -- every event; this probes each message's own events.
          CROSS JOIN LATERAL (
              SELECT bool_or(e.detail ? 'receipt_id') AS settled,
-                    bool_or((e.detail->>'provider_time')::timestamptz >= i.provider_time)
-                        AS stamped_later
+                    bool_or(CASE WHEN i.coarse
+                                 THEN (e.detail->>'provider_time')::timestamptz > i.provider_time
+                                 ELSE (e.detail->>'provider_time')::timestamptz >= i.provider_time
+                            END) AS stamped_later
              FROM message_events e
              WHERE e.message_id = i.message_id AND herald_state_rank(e.state) = 5) f
          WHERE f.settled AND NOT coalesce(f.stamped_later, false)",
@@ -316,6 +332,7 @@ pub async fn settled_sends(
     .bind(&messages)
     .bind(&statuses)
     .bind(&times)
+    .bind(&coarse)
     .fetch_all(pool)
     .await?;
     let mut out = vec![None; matched.len()];

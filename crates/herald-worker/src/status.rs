@@ -18,8 +18,8 @@ use herald_queue::Delivery;
 use herald_store::receipts::{
     count_held, finish_status_jobs, ledger_committed_up_to, load_receipts, mark_silent_unknown,
     messages_for_receipts, park_expired_held, reconcile_ledger, release_held_receipts,
-    settled_sends, ReceiptLookup, ReceiptToApply, ReceiptToHold, ReceiptToPark, StatusOutcomes,
-    StoredReceipt,
+    settled_sends, ReceiptLookup, ReceiptToApply, ReceiptToHold, ReceiptToPark, SettledCheck,
+    StatusOutcomes, StoredReceipt,
 };
 use herald_store::wakeups::Wakeups;
 use herald_store::StoreError;
@@ -63,9 +63,6 @@ struct Mapped<'a> {
     state: MessageState,
     detail: serde_json::Value,
 }
-
-/// A matched message, with the status and time its receipt states.
-type SettledCheck = (uuid::Uuid, String, chrono::DateTime<chrono::Utc>);
 
 /// Where one receipt of a job stands before the batch's lookups.
 enum Step<'a> {
@@ -240,8 +237,15 @@ impl StatusHandler {
             .enumerate()
             .filter_map(|(i, ((at, m), message))| {
                 let message = (*message)?;
-                (!as_duplicate(jobs[*at]))
-                    .then(|| (i, (message, m.provider_status.clone(), m.provider_time)))
+                (!as_duplicate(jobs[*at])).then(|| {
+                    let check = SettledCheck {
+                        message_id: message,
+                        provider_status: m.provider_status.clone(),
+                        provider_time: m.provider_time,
+                        coarse: m.written_by - m.provider_time > chrono::Duration::seconds(1),
+                    };
+                    (i, check)
+                })
             })
             .collect();
         let settled = settled_sends(

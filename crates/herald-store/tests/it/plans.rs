@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use herald_store::effects::confirm_ownership_batch;
-use herald_store::receipts::{apply_receipts, settled_sends, ReceiptToApply};
+use herald_store::receipts::{apply_receipts, settled_sends, ReceiptToApply, SettledCheck};
 use sqlx::PgPool;
 
 use crate::migrated;
@@ -153,7 +153,12 @@ async fn batched_statements_read_only_their_batch(statistics: Statistics) {
         .collect();
     let checks: Vec<_> = to_apply
         .iter()
-        .map(|r| (r.message_id, "DELIVRD".to_owned(), chrono::Utc::now()))
+        .map(|r| SettledCheck {
+            message_id: r.message_id,
+            provider_status: "DELIVRD".to_owned(),
+            provider_time: chrono::Utc::now(),
+            coarse: false,
+        })
         .collect();
     settled_sends(&one, &checks).await.unwrap();
     let applied = apply_receipts(&one, &to_apply).await.unwrap();

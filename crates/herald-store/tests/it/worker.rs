@@ -552,7 +552,7 @@ async fn a_receipt_before_its_send_is_held_until_the_send_is_recorded() {
 async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() {
     use herald_store::receipts::{
         accept_receipt, hold_receipts, messages_for_receipts, release_held_receipts, settled_sends,
-        ReceiptToHold,
+        ReceiptToHold, SettledCheck,
     };
 
     let (_pg, pool) = migrated(4).await;
@@ -643,24 +643,46 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     );
     // ...which is settled by an earlier final receipt. A copy of that receipt, or an
     // intermediate one stamped before it (arriving out of order), is the settled send's own;
-    // a send without a final receipt takes its receipts as they come.
+    // a send without a final receipt takes its receipts as they come. A receipt stamped to
+    // the same minute as the final one may be a newer send's from that minute: held too.
+    let check = |message_id, status: &str, provider_time, coarse| SettledCheck {
+        message_id,
+        provider_status: status.to_owned(),
+        provider_time,
+        coarse,
+    };
     assert_eq!(
         settled_sends(
             &pool,
             &[
-                (older.id, "DELIVRD".to_owned(), now),
-                (older.id, "DELIVRD".to_owned(), settled_at),
-                (
+                check(older.id, "DELIVRD", now, false),
+                check(older.id, "DELIVRD", settled_at, false),
+                check(
                     older.id,
-                    "ENROUTE".to_owned(),
-                    settled_at - chrono::Duration::seconds(5)
+                    "ENROUTE",
+                    settled_at - chrono::Duration::seconds(5),
+                    false
                 ),
-                (unsettled.id, "DELIVRD".to_owned(), now),
+                check(unsettled.id, "DELIVRD", now, false),
+                check(older.id, "DELIVRD", settled_at, true),
+                check(
+                    older.id,
+                    "ENROUTE",
+                    settled_at - chrono::Duration::minutes(1),
+                    true
+                ),
             ]
         )
         .await
         .unwrap(),
-        vec![Some(older_submitted), None, None, None]
+        vec![
+            Some(older_submitted),
+            None,
+            None,
+            None,
+            Some(older_submitted),
+            None
+        ]
     );
 
     // Held against the older send: nothing releases it while the newer send is unrecorded.
