@@ -287,8 +287,9 @@ pub struct SettledCheck {
     pub provider_status: String,
     /// The time the receipt states.
     pub provider_time: DateTime<Utc>,
-    /// Its timestamp names an interval longer than a second (`YYMMDDhhmm`: a minute).
-    pub coarse: bool,
+    /// The end of the interval its timestamp names (the stated time plus its resolution:
+    /// a minute for `YYMMDDhhmm`).
+    pub written_by: DateTime<Utc>,
 }
 
 /// Of each receipt matched to a send: the submit time of that send when a final receipt
@@ -297,9 +298,11 @@ pub struct SettledCheck {
 /// not recorded yet; it is held (see [`ReceiptToHold::superseding`]) instead of being applied
 /// to the settled send. A copy of a final receipt, or an intermediate one that arrived after
 /// the final, carries a time no later than the final's and is applied at once — except that
-/// a coarse timestamp equal to the final's tells nothing: a newer send that reused the id
-/// within that minute stamps its receipts with the same minute, so such a receipt is held too
-/// (a true copy is applied as one once [`SUPERSEDED_HOLD`] passes without a newer send).
+/// a timestamp coarser than a second names an interval, and a final stamped inside it tells
+/// nothing: a newer send that reused the id within that minute stamps its receipts with the
+/// same minute. Such a receipt is older than the final only when the final is stamped at or
+/// after the interval's end; otherwise it is held too (a true copy is applied as one once
+/// [`SUPERSEDED_HOLD`] passes without a newer send).
 pub async fn settled_sends(
     pool: &PgPool,
     matched: &[SettledCheck],
@@ -310,21 +313,20 @@ pub async fn settled_sends(
     let messages: Vec<Uuid> = matched.iter().map(|m| m.message_id).collect();
     let statuses: Vec<&str> = matched.iter().map(|m| m.provider_status.as_str()).collect();
     let times: Vec<DateTime<Utc>> = matched.iter().map(|m| m.provider_time).collect();
-    let coarse: Vec<bool> = matched.iter().map(|m| m.coarse).collect();
+    let written_by: Vec<DateTime<Utc>> = matched.iter().map(|m| m.written_by).collect();
     let rows: Vec<(i64, Option<DateTime<Utc>>)> = sqlx::query_as(
         "SELECT i.ord,
                 (SELECT max(coalesce(l.submitted_at, l.created_at)) FROM ledger l
                  WHERE l.message_id = i.message_id)
-         FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[], $4::bool[]) WITH ORDINALITY
-              AS i(message_id, status, provider_time, coarse, ord)
+         FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[])
+              WITH ORDINALITY AS i(message_id, status, provider_time, written_by, ord)
          -- Aggregates per message, not EXISTS: the planner turns EXISTS into a join over
          -- every event; this probes each message's own events.
          CROSS JOIN LATERAL (
              SELECT bool_or(e.detail ? 'receipt_id') AS settled,
-                    bool_or(CASE WHEN i.coarse
-                                 THEN (e.detail->>'provider_time')::timestamptz > i.provider_time
-                                 ELSE (e.detail->>'provider_time')::timestamptz >= i.provider_time
-                            END) AS stamped_later
+                    bool_or((e.detail->>'provider_time')::timestamptz
+                            >= CASE WHEN i.written_by - i.provider_time > interval '1 second'
+                                    THEN i.written_by ELSE i.provider_time END) AS stamped_later
              FROM message_events e
              WHERE e.message_id = i.message_id AND herald_state_rank(e.state) = 5) f
          WHERE f.settled AND NOT coalesce(f.stamped_later, false)",
@@ -332,7 +334,7 @@ pub async fn settled_sends(
     .bind(&messages)
     .bind(&statuses)
     .bind(&times)
-    .bind(&coarse)
+    .bind(&written_by)
     .fetch_all(pool)
     .await?;
     let mut out = vec![None; matched.len()];

@@ -242,7 +242,7 @@ impl StatusHandler {
                         message_id: message,
                         provider_status: m.provider_status.clone(),
                         provider_time: m.provider_time,
-                        coarse: m.written_by - m.provider_time > chrono::Duration::seconds(1),
+                        written_by: m.written_by,
                     };
                     (i, check)
                 })

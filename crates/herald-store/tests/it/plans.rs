@@ -157,7 +157,7 @@ async fn batched_statements_read_only_their_batch(statistics: Statistics) {
             message_id: r.message_id,
             provider_status: "DELIVRD".to_owned(),
             provider_time: chrono::Utc::now(),
-            coarse: false,
+            written_by: chrono::Utc::now(),
         })
         .collect();
     settled_sends(&one, &checks).await.unwrap();

@@ -644,32 +644,39 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     // ...which is settled by an earlier final receipt. A copy of that receipt, or an
     // intermediate one stamped before it (arriving out of order), is the settled send's own;
     // a send without a final receipt takes its receipts as they come. A receipt stamped to
-    // the same minute as the final one may be a newer send's from that minute: held too.
-    let check = |message_id, status: &str, provider_time, coarse| SettledCheck {
+    // the minute in which the final one was stamped may be a newer send's from that minute:
+    // held too; one whose minute ended before the final is the settled send's own.
+    let check = |message_id, status: &str, provider_time, resolution_secs| SettledCheck {
         message_id,
         provider_status: status.to_owned(),
         provider_time,
-        coarse,
+        written_by: provider_time + chrono::Duration::seconds(resolution_secs),
+    };
+    let settled_minute = {
+        use chrono::DurationRound;
+        settled_at
+            .duration_trunc(chrono::Duration::minutes(1))
+            .unwrap()
     };
     assert_eq!(
         settled_sends(
             &pool,
             &[
-                check(older.id, "DELIVRD", now, false),
-                check(older.id, "DELIVRD", settled_at, false),
+                check(older.id, "DELIVRD", now, 1),
+                check(older.id, "DELIVRD", settled_at, 1),
                 check(
                     older.id,
                     "ENROUTE",
                     settled_at - chrono::Duration::seconds(5),
-                    false
+                    1
                 ),
-                check(unsettled.id, "DELIVRD", now, false),
-                check(older.id, "DELIVRD", settled_at, true),
+                check(unsettled.id, "DELIVRD", now, 1),
+                check(older.id, "DELIVRD", settled_minute, 60),
                 check(
                     older.id,
                     "ENROUTE",
-                    settled_at - chrono::Duration::minutes(1),
-                    true
+                    settled_minute - chrono::Duration::minutes(1),
+                    60
                 ),
             ]
         )
