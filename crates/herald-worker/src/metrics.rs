@@ -152,4 +152,5 @@ fn register_at_zero() {
     metrics::counter!(AMBIGUOUS).increment(0);
     let _ = metrics::histogram!(PROVIDER_CALL_DURATION);
     herald_store::group::register_metrics("ledger");
+    herald_store::group::register_metrics("confirm");
 }

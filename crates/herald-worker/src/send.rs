@@ -16,6 +16,7 @@ use herald_store::effects::{
     reject_before_claim, renew_leases, schedule_retry, AcceptedEffect, AttemptEnd, OwnedSend,
     ProviderReceipt, RetryOf, RetryOutcome,
 };
+use herald_store::group::{GroupCommit, GroupSettings};
 use herald_store::StoreError;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -85,7 +86,41 @@ pub struct SendHandler {
     provider: ProviderClient,
     settings: SendSettings,
     recorder: AcceptedRecorder,
+    confirms: Confirms,
     leases: Leases,
+}
+
+/// Group commit of ownership confirmations: every batch read hands its jobs here, and the
+/// confirmations waiting are written in one statement (one transaction, one WAL flush)
+/// while the previous one runs. Each job's CLAIMED is still committed before its provider
+/// call, since a caller is answered only after the commit that holds its job. Under a steady
+/// load the reads return a few entries each; confirmed one batch at a time they made many
+/// small transactions at once, which waited for the worker's connections.
+type Confirms = GroupCommit<(u32, i64), Option<OwnedSend>>;
+
+/// Confirm statements running at once: while one commits, the next group gathers and runs.
+const CONFIRM_GROUPS_IN_FLIGHT: usize = 2;
+
+fn spawn_confirms(pool: PgPool, settings: &SendSettings) -> Confirms {
+    let worker = settings.worker.clone();
+    let lease = settings.claim_lease;
+    let group = GroupSettings {
+        max_group: settings.max_group,
+        parallel: CONFIRM_GROUPS_IN_FLIGHT,
+    };
+    GroupCommit::spawn("confirm", group, move |keys: Arc<Vec<(u32, i64)>>| {
+        let pool = pool.clone();
+        let worker = worker.clone();
+        async move {
+            let owned = confirm_ownership_batch(&pool, &keys, &worker, lease).await?;
+            let mut owned: HashMap<(u32, i64), OwnedSend> = owned
+                .into_iter()
+                .map(|o| ((o.partition, o.outbox_id), o.send))
+                .collect();
+            // Two copies of one job in a group: the first is confirmed, the other is stale.
+            Ok(keys.iter().map(|key| owned.remove(key)).collect())
+        }
+    })
 }
 
 /// The leases of this worker's claims whose outcome is not written yet, by message.
@@ -173,11 +208,13 @@ impl SendHandler {
                 .clone()
                 .renew(pool.clone(), settings.claim_lease, cancel),
         );
+        let confirms = spawn_confirms(pool.clone(), &settings);
         Self {
             pool,
             provider,
             settings,
             recorder,
+            confirms,
             leases,
         }
     }
@@ -241,39 +278,29 @@ impl Handler for SendHandler {
                 return answers;
             }
         };
-        let keys: Vec<(u32, i64)> = jobs
-            .iter()
-            .map(|(_, j)| (j.partition, j.outbox_id))
-            .collect();
-        let confirmed = confirm_ownership_batch(
-            &self.pool,
-            &keys,
-            &self.settings.worker,
-            self.settings.claim_lease,
+        let confirmed = futures::future::join_all(
+            jobs.iter()
+                .map(|(_, j)| self.confirms.write((j.partition, j.outbox_id))),
         )
         .await;
-        let owned = match confirmed {
-            Ok(owned) => owned,
-            Err(err) => {
-                outcome("store_error");
-                tracing::error!(error = %err, jobs = jobs.len(), "could not confirm ownership; leaving the batch to be reclaimed");
-                answers.extend(jobs.into_iter().map(|(entry, _)| (entry, Handled::Keep)));
-                return answers;
-            }
-        };
-        let mut owned: std::collections::HashMap<(u32, i64), OwnedSend> = owned
-            .into_iter()
-            .map(|o| ((o.partition, o.outbox_id), o.send))
-            .collect();
         let mut calls = Vec::with_capacity(jobs.len());
-        for (entry_id, job) in jobs {
-            match owned.remove(&(job.partition, job.outbox_id)) {
+        let mut failed = 0;
+        for ((entry_id, job), confirmed) in jobs.into_iter().zip(confirmed) {
+            match confirmed {
+                Err(err) => {
+                    outcome("store_error");
+                    if failed == 0 {
+                        tracing::error!(error = %err, "could not confirm ownership; leaving the entry to be reclaimed");
+                    }
+                    failed += 1;
+                    answers.push((entry_id, Handled::Keep));
+                }
                 // Another copy of this job was confirmed, or the row was re-driven.
-                None => {
+                Ok(None) => {
                     outcome("stale_copy");
                     answers.push((entry_id, Handled::Done));
                 }
-                Some(send) => {
+                Ok(Some(send)) => {
                     ::metrics::counter!(m::CONFIRMED, "job_type" => "send").increment(1);
                     if send.already_accepted {
                         outcome("already_accepted");

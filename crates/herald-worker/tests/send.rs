@@ -1,0 +1,140 @@
+//! The send handler against a real PostgreSQL and the provider simulator.
+
+use std::time::Duration;
+
+use herald_core::job::Job;
+use herald_core::{JobType, PartitionCount};
+use herald_queue::Delivery;
+use herald_store::accept::{accept_messages, fingerprint, NewMessage};
+use herald_testkit::LocalPostgres;
+use herald_worker::provider::ProviderClient;
+use herald_worker::send::{SendHandler, SendSettings};
+use herald_worker::{Handled, Handler};
+use tokio_util::sync::CancellationToken;
+
+/// Batches read at the same time share their ownership confirmations (group commit). A job
+/// whose copies are in both batches, or twice in one, is still confirmed and sent once: the
+/// other copies are stale and acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_batches_confirm_and_send_each_job_once() {
+    let pg = LocalPostgres::start().await.unwrap();
+    let url = pg.create_database("herald").await.unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&url)
+        .await
+        .unwrap();
+    herald_store::migrate::migrate(&pool, PartitionCount::new(4).unwrap())
+        .await
+        .unwrap();
+    let messages: Vec<NewMessage> = (0..100)
+        .map(|i| {
+            let body = serde_json::json!({ "text": format!("message {i}") });
+            NewMessage {
+                id: uuid::Uuid::now_v7(),
+                partition: i % 4,
+                recipient: "+15550100".to_owned(),
+                fingerprint: fingerprint("+15550100", None, &body),
+                body,
+                idempotency_key: None,
+                created_by: None,
+            }
+        })
+        .collect();
+    accept_messages(&pool, &messages).await.unwrap();
+    let rows: Vec<(i32, i64, uuid::Uuid)> = sqlx::query_as(
+        "UPDATE outbox SET status = 'PUBLISHED', claimed_at = now()
+         WHERE job_type = 'send' RETURNING partition, id, message_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 100);
+    let jobs: Vec<Job> = rows
+        .iter()
+        .map(|(partition, id, message)| Job {
+            outbox_id: *id,
+            partition: *partition as u32,
+            job_type: JobType::Send,
+            message_id: Some(*message),
+            attempt: 0,
+            payload: serde_json::json!({}),
+        })
+        .collect();
+
+    let dir = tempfile::tempdir().unwrap();
+    let sim = herald_provider_sim::router(herald_provider_sim::SimSettings {
+        log_path: dir.path().join("submits.jsonl"),
+        ..Default::default()
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, sim).await });
+
+    let cancel = CancellationToken::new();
+    let handler = SendHandler::new(
+        pool.clone(),
+        ProviderClient::new(&sim_url, Duration::from_secs(10)).unwrap(),
+        SendSettings::default(),
+        cancel.clone(),
+    );
+    let copies = |range: std::ops::Range<usize>, tag: &str| -> Vec<Delivery> {
+        range
+            .map(|i| Delivery {
+                entry_id: format!("{tag}-{i}"),
+                job: Ok(jobs[i].clone()),
+            })
+            .collect()
+    };
+    // Jobs 40..60 are in both batches; job 0 is twice in the first.
+    let mut first = copies(0..60, "a");
+    first.push(Delivery {
+        entry_id: "a-again-0".to_owned(),
+        job: Ok(jobs[0].clone()),
+    });
+    let second = copies(40..100, "b");
+    let (a, b) = tokio::join!(
+        handler.handle_batch(first, cancel.clone()),
+        handler.handle_batch(second, cancel.clone())
+    );
+    assert_eq!(a.len(), 61);
+    assert_eq!(b.len(), 60);
+    assert!(
+        a.iter()
+            .chain(&b)
+            .all(|(_, handled)| *handled == Handled::Done),
+        "every copy is acknowledged: {a:?} {b:?}"
+    );
+
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(count("SELECT count(*) FROM ledger").await, 100);
+    assert_eq!(
+        count("SELECT count(*) FROM message_events WHERE state = 'CLAIMED'").await,
+        100,
+        "one CLAIMED per message"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM outbox WHERE job_type = 'send' AND attempts = 1").await,
+        100,
+        "one attempt charged per message"
+    );
+    assert_eq!(count("SELECT count(*) FROM in_flight_sends").await, 0);
+    let stats: serde_json::Value = reqwest::get(format!("{sim_url}/v1/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["distinct_keys"], 100, "{stats}");
+    assert_eq!(stats["duplicate_submits"], 0, "{stats}");
+    cancel.cancel();
+}
