@@ -1,12 +1,13 @@
 //! The send handler against a real PostgreSQL and the provider simulator.
 
+mod common;
+
 use std::time::Duration;
 
 use herald_core::job::Job;
-use herald_core::{JobType, PartitionCount};
+use herald_core::JobType;
 use herald_queue::Delivery;
 use herald_store::accept::{accept_messages, fingerprint, NewMessage};
-use herald_testkit::LocalPostgres;
 use herald_worker::provider::ProviderClient;
 use herald_worker::send::{SendHandler, SendSettings};
 use herald_worker::{Handled, Handler};
@@ -17,16 +18,7 @@ use tokio_util::sync::CancellationToken;
 /// other copies are stale and acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batches_confirm_and_send_each_job_once() {
-    let pg = LocalPostgres::start().await.unwrap();
-    let url = pg.create_database("herald").await.unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
-        .await
-        .unwrap();
-    herald_store::migrate::migrate(&pool, PartitionCount::new(4).unwrap())
-        .await
-        .unwrap();
+    let (_pg, pool) = common::migrated(4).await;
     let messages: Vec<NewMessage> = (0..100)
         .map(|i| {
             let body = serde_json::json!({ "text": format!("message {i}") });

@@ -1,10 +1,11 @@
 //! The status handler against a real PostgreSQL.
 
+mod common;
+
 use herald_core::job::Job;
-use herald_core::{JobType, PartitionCount};
+use herald_core::JobType;
 use herald_queue::Delivery;
 use herald_store::receipts::{accept_receipts, NewReceipt};
-use herald_testkit::LocalPostgres;
 use herald_worker::status::{StatusHandler, StatusSettings};
 use herald_worker::{Handled, Handler};
 use tokio_util::sync::CancellationToken;
@@ -14,16 +15,7 @@ use tokio_util::sync::CancellationToken;
 /// unmatched receipt held once, and both entries are acknowledged.
 #[tokio::test]
 async fn two_copies_of_a_status_job_in_one_batch_finish_it_once() {
-    let pg = LocalPostgres::start().await.unwrap();
-    let url = pg.create_database("herald").await.unwrap();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await
-        .unwrap();
-    herald_store::migrate::migrate(&pool, PartitionCount::new(4).unwrap())
-        .await
-        .unwrap();
+    let (_pg, pool) = common::migrated(4).await;
     let receipts: Vec<NewReceipt> = [
         "not json".to_owned(),
         r#"{"provider_id":"9","status":"DELIVRD","timestamp":1700000000}"#.to_owned(),

@@ -29,6 +29,20 @@ async fn rows_read(one: &PgPool) -> i64 {
     .unwrap()
 }
 
+/// One connection that runs statements as the workers' sessions do: one generic plan per
+/// statement, made at its first call from the statistics of that moment.
+async fn worker_session(pool: &PgPool) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            (*pool.connect_options())
+                .clone()
+                .options(herald_store::GENERIC_PLANS),
+        )
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn the_batched_worker_statements_read_only_their_own_rows() {
     batched_statements_read_only_their_batch(Statistics::Fresh).await;
@@ -102,17 +116,7 @@ async fn batched_statements_read_only_their_batch(statistics: Statistics) {
         sqlx::query("ANALYZE").execute(&pool).await.unwrap();
     }
 
-    let one = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        // As the workers' sessions run: one generic plan per statement, made at its first
-        // call from the statistics of that moment.
-        .connect_with(
-            (*pool.connect_options())
-                .clone()
-                .options(herald_store::GENERIC_PLANS),
-        )
-        .await
-        .unwrap();
+    let one = worker_session(&pool).await;
     let sends: Vec<(i32, i64)> = sqlx::query_as(
         "SELECT partition, id FROM outbox WHERE job_type = 'send' ORDER BY id LIMIT 60",
     )
@@ -190,15 +194,7 @@ async fn a_receipt_lookup_reads_a_few_ledger_rows_however_often_its_id_wrapped()
     .await
     .unwrap();
     sqlx::query("ANALYZE ledger").execute(&pool).await.unwrap();
-    let one = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(
-            (*pool.connect_options())
-                .clone()
-                .options(herald_store::GENERIC_PLANS),
-        )
-        .await
-        .unwrap();
+    let one = worker_session(&pool).await;
     let ledger_rows_read = || async {
         sqlx::query("SELECT pg_stat_force_next_flush()")
             .execute(&one)

@@ -783,16 +783,7 @@ async fn receipts_for_an_id_reused_within_their_minute_go_to_the_oldest_unsettle
             .await
             .unwrap();
     }
-    sqlx::query(
-        "INSERT INTO message_events (message_id, state, detail)
-         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', 1, 'provider_status', 'DELIVRD',
-                                                     'provider_time', $2::timestamptz))",
-    )
-    .bind(sends[0].id)
-    .bind(minute)
-    .execute(&pool)
-    .await
-    .unwrap();
+    settle(&pool, sends[0].id, 1, minute).await;
     let stamped_to_the_minute = |is_final| ReceiptLookup {
         gateway: "gw".to_owned(),
         provider_id: "9".to_owned(),
@@ -817,32 +808,14 @@ async fn receipts_for_an_id_reused_within_their_minute_go_to_the_oldest_unsettle
 
     // Once the second's final receipt is recorded, the third's final receipt in a later batch
     // still finds the third.
-    sqlx::query(
-        "INSERT INTO message_events (message_id, state, detail)
-         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', 2, 'provider_status', 'DELIVRD',
-                                                     'provider_time', $2::timestamptz))",
-    )
-    .bind(sends[1].id)
-    .bind(minute)
-    .execute(&pool)
-    .await
-    .unwrap();
+    settle(&pool, sends[1].id, 2, minute).await;
     let later = messages_for_receipts(&pool, &[stamped_to_the_minute(true)])
         .await
         .unwrap();
     assert_eq!(later[0].message_id, Some(sends[2].id));
     // All three settled: the newest, as without reuse (the caller then holds or applies it
     // as a copy by its time).
-    sqlx::query(
-        "INSERT INTO message_events (message_id, state, detail)
-         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', 3, 'provider_status', 'DELIVRD',
-                                                     'provider_time', $2::timestamptz))",
-    )
-    .bind(sends[2].id)
-    .bind(minute)
-    .execute(&pool)
-    .await
-    .unwrap();
+    settle(&pool, sends[2].id, 3, minute).await;
     let settled = messages_for_receipts(&pool, &[stamped_to_the_minute(true)])
         .await
         .unwrap();
@@ -1076,4 +1049,25 @@ fn final_receipt(
         written_by: at + chrono::Duration::seconds(1),
         is_final: true,
     }
+}
+
+/// Appends to `message`'s history the DELIVERED of final receipt `receipt_id`, stamped `at`.
+async fn settle(
+    pool: &sqlx::PgPool,
+    message: uuid::Uuid,
+    receipt_id: i64,
+    at: chrono::DateTime<chrono::Utc>,
+) {
+    sqlx::query(
+        "INSERT INTO message_events (message_id, state, detail)
+         VALUES ($1, 'DELIVERED', jsonb_build_object('receipt_id', $2::bigint,
+                                                     'provider_status', 'DELIVRD',
+                                                     'provider_time', $3::timestamptz))",
+    )
+    .bind(message)
+    .bind(receipt_id)
+    .bind(at)
+    .execute(pool)
+    .await
+    .unwrap();
 }
