@@ -283,9 +283,7 @@ fn choose_sends(receipts: &[ReceiptLookup], candidates: &[Vec<Candidate>]) -> Ve
 #[derive(Debug, Clone, PartialEq)]
 pub struct SettledCheck {
     pub message_id: Uuid,
-    /// The status the receipt states (for the record; the time decides).
-    pub provider_status: String,
-    /// The time the receipt states.
+    /// The time the receipt states (the time decides, not the status).
     pub provider_time: DateTime<Utc>,
     /// The end of the interval its timestamp names (the stated time plus its resolution:
     /// a minute for `YYMMDDhhmm`).
@@ -311,15 +309,14 @@ pub async fn settled_sends(
         return Ok(Vec::new());
     }
     let messages: Vec<Uuid> = matched.iter().map(|m| m.message_id).collect();
-    let statuses: Vec<&str> = matched.iter().map(|m| m.provider_status.as_str()).collect();
     let times: Vec<DateTime<Utc>> = matched.iter().map(|m| m.provider_time).collect();
     let written_by: Vec<DateTime<Utc>> = matched.iter().map(|m| m.written_by).collect();
     let rows: Vec<(i64, Option<DateTime<Utc>>)> = sqlx::query_as(
         "SELECT i.ord,
                 (SELECT max(coalesce(l.submitted_at, l.created_at)) FROM ledger l
                  WHERE l.message_id = i.message_id)
-         FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[])
-              WITH ORDINALITY AS i(message_id, status, provider_time, written_by, ord)
+         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::timestamptz[])
+              WITH ORDINALITY AS i(message_id, provider_time, written_by, ord)
          -- Aggregates per message, not EXISTS: the planner turns EXISTS into a join over
          -- every event; this probes each message's own events.
          CROSS JOIN LATERAL (
@@ -332,7 +329,6 @@ pub async fn settled_sends(
          WHERE f.settled AND NOT coalesce(f.stamped_later, false)",
     )
     .bind(&messages)
-    .bind(&statuses)
     .bind(&times)
     .bind(&written_by)
     .fetch_all(pool)

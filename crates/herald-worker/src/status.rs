@@ -56,9 +56,8 @@ struct Mapped<'a> {
     /// The latest moment the provider can have written the receipt, by its own clock: the
     /// time it states plus that timestamp's resolution.
     written_by: chrono::DateTime<chrono::Utc>,
-    /// The status and time the provider states, to tell a copy of a final receipt from a
-    /// receipt for a newer send that reused the provider id.
-    provider_status: String,
+    /// The time the provider states, to tell a copy of a final receipt from a receipt for a
+    /// newer send that reused the provider id.
     provider_time: chrono::DateTime<chrono::Utc>,
     state: MessageState,
     detail: serde_json::Value,
@@ -230,7 +229,7 @@ impl StatusHandler {
             ::metrics::counter!(m::AMBIGUOUS).increment(ambiguous.len() as u64);
             tracing::warn!(receipts = ambiguous.len(), gateway = %r.receipt.gateway,
                 provider_id = %r.provider_id, receipt_id = r.receipt.id,
-                "a gateway reused provider ids within the receipt timestamps' resolution: these receipts went to the oldest such send without a final receipt (one named here)");
+                "a gateway reused provider ids within the receipt timestamps' resolution: each of these receipts went to the oldest such send without a final receipt, if any (one named here)");
         }
         let found: Vec<Option<uuid::Uuid>> = matches.iter().map(|f| f.message_id).collect();
         // A receipt whose matching send is already settled by another final receipt is most
@@ -245,7 +244,6 @@ impl StatusHandler {
                 (!as_duplicate(jobs[*at])).then(|| {
                     let check = SettledCheck {
                         message_id: message,
-                        provider_status: m.provider_status.clone(),
                         provider_time: m.provider_time,
                         written_by: m.written_by,
                     };
@@ -387,7 +385,6 @@ impl StatusHandler {
             receipt,
             provider_id: decoded.provider_id,
             written_by,
-            provider_status: decoded.status.clone(),
             provider_time,
             state,
             detail,

@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::{count, migrated};
+
 use std::time::Duration;
 
 use herald_core::job::Job;
@@ -18,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 /// other copies are stale and acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batches_confirm_and_send_each_job_once() {
-    let (_pg, pool) = common::migrated(4).await;
+    let (_pg, pool) = migrated(4).await;
     let messages: Vec<NewMessage> = (0..100)
         .map(|i| {
             let body = serde_json::json!({ "text": format!("message {i}") });
@@ -99,27 +101,29 @@ async fn concurrent_batches_confirm_and_send_each_job_once() {
         "every copy is acknowledged: {a:?} {b:?}"
     );
 
-    let count = |sql: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(sql)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(count("SELECT count(*) FROM ledger").await, 100);
+    assert_eq!(count(&pool, "SELECT count(*) FROM ledger").await, 100);
     assert_eq!(
-        count("SELECT count(*) FROM message_events WHERE state = 'CLAIMED'").await,
+        count(
+            &pool,
+            "SELECT count(*) FROM message_events WHERE state = 'CLAIMED'"
+        )
+        .await,
         100,
         "one CLAIMED per message"
     );
     assert_eq!(
-        count("SELECT count(*) FROM outbox WHERE job_type = 'send' AND attempts = 1").await,
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE job_type = 'send' AND attempts = 1"
+        )
+        .await,
         100,
         "one attempt charged per message"
     );
-    assert_eq!(count("SELECT count(*) FROM in_flight_sends").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM in_flight_sends").await,
+        0
+    );
     let stats: serde_json::Value = reqwest::get(format!("{sim_url}/v1/stats"))
         .await
         .unwrap()

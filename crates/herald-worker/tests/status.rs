@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::{count, migrated};
+
 use herald_core::job::Job;
 use herald_core::JobType;
 use herald_queue::Delivery;
@@ -15,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 /// unmatched receipt held once, and both entries are acknowledged.
 #[tokio::test]
 async fn two_copies_of_a_status_job_in_one_batch_finish_it_once() {
-    let (_pg, pool) = common::migrated(4).await;
+    let (_pg, pool) = migrated(4).await;
     let receipts: Vec<NewReceipt> = [
         "not json".to_owned(),
         r#"{"provider_id":"9","status":"DELIVRD","timestamp":1700000000}"#.to_owned(),
@@ -62,19 +64,10 @@ async fn two_copies_of_a_status_job_in_one_batch_finish_it_once() {
             ("2-0".to_owned(), Handled::Done)
         ]
     );
-    let count = |sql: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(sql)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(count("SELECT count(*) FROM parking").await, 1);
-    assert_eq!(count("SELECT count(*) FROM held_receipts").await, 1);
+    assert_eq!(count(&pool, "SELECT count(*) FROM parking").await, 1);
+    assert_eq!(count(&pool, "SELECT count(*) FROM held_receipts").await, 1);
     assert_eq!(
-        count("SELECT count(*) FROM outbox WHERE status = 'DONE'").await,
+        count(&pool, "SELECT count(*) FROM outbox WHERE status = 'DONE'").await,
         1
     );
 }

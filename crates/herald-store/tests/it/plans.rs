@@ -159,7 +159,6 @@ async fn batched_statements_read_only_their_batch(statistics: Statistics) {
         .iter()
         .map(|r| SettledCheck {
             message_id: r.message_id,
-            provider_status: "DELIVRD".to_owned(),
             provider_time: chrono::Utc::now(),
             written_by: chrono::Utc::now(),
         })

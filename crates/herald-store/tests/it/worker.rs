@@ -392,21 +392,7 @@ async fn a_late_receipt_finds_its_own_message_after_the_provider_id_wrapped() {
     accept_messages(&pool, &[first.clone(), second.clone()])
         .await
         .unwrap();
-    let fence = take_over(&pool, 1, "p").await.unwrap();
-    let receipt = ProviderReceipt {
-        gateway: "gw".to_owned(),
-        provider_id: "7".to_owned(),
-    };
-    for job in claim_pending(&pool, fence, 2).await.unwrap() {
-        let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
-            .await
-            .unwrap()
-            .unwrap();
-        let key = send_effect_key(owned.message_id);
-        record_accepted(&pool, owned.message_id, &key, &receipt)
-            .await
-            .unwrap();
-    }
+    send_all_as(&pool, 2, "7").await;
     // The first was submitted five minutes ago (its first CLAIMED), the second just now.
     sqlx::query(
         "UPDATE ledger SET submitted_at = now() - interval '5 minutes' WHERE message_id = $1",
@@ -646,9 +632,8 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     // a send without a final receipt takes its receipts as they come. A receipt stamped to
     // the minute in which the final one was stamped may be a newer send's from that minute:
     // held too; one whose minute ended before the final is the settled send's own.
-    let check = |message_id, status: &str, provider_time, resolution_secs| SettledCheck {
+    let check = |message_id, provider_time, resolution_secs| SettledCheck {
         message_id,
-        provider_status: status.to_owned(),
         provider_time,
         written_by: provider_time + chrono::Duration::seconds(resolution_secs),
     };
@@ -662,22 +647,12 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
         settled_sends(
             &pool,
             &[
-                check(older.id, "DELIVRD", now, 1),
-                check(older.id, "DELIVRD", settled_at, 1),
-                check(
-                    older.id,
-                    "ENROUTE",
-                    settled_at - chrono::Duration::seconds(5),
-                    1
-                ),
-                check(unsettled.id, "DELIVRD", now, 1),
-                check(older.id, "DELIVRD", settled_minute, 60),
-                check(
-                    older.id,
-                    "ENROUTE",
-                    settled_minute - chrono::Duration::minutes(1),
-                    60
-                ),
+                check(older.id, now, 1),
+                check(older.id, settled_at, 1),
+                check(older.id, settled_at - chrono::Duration::seconds(5), 1),
+                check(unsettled.id, now, 1),
+                check(older.id, settled_minute, 60),
+                check(older.id, settled_minute - chrono::Duration::minutes(1), 60),
             ]
         )
         .await
@@ -750,25 +725,7 @@ async fn receipts_for_an_id_reused_within_their_minute_go_to_the_oldest_unsettle
         .map(|name| message(1, None, name))
         .collect();
     accept_messages(&pool, &sends).await.unwrap();
-    let fence = take_over(&pool, 1, "p").await.unwrap();
-    let receipt = ProviderReceipt {
-        gateway: "gw".to_owned(),
-        provider_id: "9".to_owned(),
-    };
-    for job in claim_pending(&pool, fence, 3).await.unwrap() {
-        let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
-            .await
-            .unwrap()
-            .unwrap();
-        record_accepted(
-            &pool,
-            owned.message_id,
-            &send_effect_key(owned.message_id),
-            &receipt,
-        )
-        .await
-        .unwrap();
-    }
+    send_all_as(&pool, 3, "9").await;
     // The minute before last: the sends started 5, 24 and 43 s into it.
     let minute: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT date_trunc('minute', now()) - interval '2 minutes'")
@@ -1070,4 +1027,24 @@ async fn settle(
     .execute(pool)
     .await
     .unwrap();
+}
+
+/// Claims the `n` sends waiting in partition 1, confirms each and records it as accepted by
+/// gateway `gw` under `provider_id` (a gateway that reused the id for all of them).
+async fn send_all_as(pool: &sqlx::PgPool, n: u32, provider_id: &str) {
+    let fence = take_over(pool, 1, "p").await.unwrap();
+    let receipt = ProviderReceipt {
+        gateway: "gw".to_owned(),
+        provider_id: provider_id.to_owned(),
+    };
+    for job in claim_pending(pool, fence, n).await.unwrap() {
+        let owned = confirm_ownership(pool, 1, job.outbox_id, "w", LEASE)
+            .await
+            .unwrap()
+            .unwrap();
+        let key = send_effect_key(owned.message_id);
+        record_accepted(pool, owned.message_id, &key, &receipt)
+            .await
+            .unwrap();
+    }
 }

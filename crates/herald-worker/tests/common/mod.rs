@@ -19,3 +19,8 @@ pub async fn migrated(partitions: u32) -> (LocalPostgres, PgPool) {
         .unwrap();
     (pg, pool)
 }
+
+/// The single number `sql` answers.
+pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
