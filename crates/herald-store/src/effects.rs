@@ -85,7 +85,7 @@ pub async fn confirm_ownership_batch(
             lock_outbox_rows!("input"),
             ", done AS (
                  UPDATE outbox o SET status = 'DONE', attempts = o.attempts + 1
-                 WHERE ",
+                 ",
             the_locked_rows!(),
             "
                  RETURNING o.partition, o.id, o.message_id, o.attempts

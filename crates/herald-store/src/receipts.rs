@@ -577,7 +577,7 @@ pub async fn finish_status_jobs(
             lock_outbox_rows!("jobs"),
             ", done AS (
                  UPDATE outbox o SET status = 'DONE'
-                 WHERE ",
+                 ",
             the_locked_rows!(),
             "
                  RETURNING o.partition, o.id

@@ -3,8 +3,7 @@
 
 /// The CTE `locked`: the outbox rows named by the CTE `$keys` (columns `partition`, `id`) that
 /// a worker may still finish (PROCESSING or PUBLISHED), locked by one probe per key in
-/// `(partition, id)` order, each with its `ctid`. See "Keyed statements" in `docs/DESIGN.md`:
-/// a join of the keys to the partitioned outbox read every child.
+/// `(partition, id)` order. See "Keyed statements" in `docs/DESIGN.md`.
 ///
 /// The probe names only the key, and the status is checked on the row it locked (the newest
 /// version, after the lock waited for any writer): with `status IN (…)` in the probe, the
@@ -15,11 +14,11 @@ macro_rules! lock_outbox_rows {
     ($keys:literal) => {
         concat!(
             "locked AS (
-                 SELECT x.tid, x.partition, x.id FROM (SELECT * FROM ",
+                 SELECT x.partition, x.id FROM (SELECT * FROM ",
             $keys,
             " ORDER BY partition, id) k
                  CROSS JOIN LATERAL (
-                     SELECT o.ctid AS tid, o.partition, o.id, o.status FROM outbox o
+                     SELECT o.partition, o.id, o.status FROM outbox o
                      WHERE o.partition = k.partition AND o.id = k.id
                      OFFSET 0
                      FOR UPDATE OF o) x
@@ -29,15 +28,16 @@ macro_rules! lock_outbox_rows {
     };
 }
 
-/// The condition of an `UPDATE outbox o` that changes exactly the rows of `locked` (by `ctid`,
-/// a TID scan per child; a `ctid` is unique only within its child, so the key is checked too).
-/// No status condition: `locked` checked it on the very row versions this can change (a row
-/// another transaction changed since the statement began is not visible to it), and a status
-/// condition here would let the in-flight partial index compete with the TID scan.
+/// The tail of an `UPDATE outbox o SET …` that changes exactly the rows of `locked`: a join by
+/// key, which a session with [`crate::GENERIC_PLANS`] runs as a nested loop whose probe into
+/// the outbox is pruned to the key's child at run time (one index probe per row; a hash join
+/// or a `ctid = ANY(…)` condition read every one of the 64 children). No status condition:
+/// `locked` checked it on the newest version of each row, which this statement holds locked;
+/// a row changed between the statement's snapshot and that lock is found by its key and
+/// updated in its newest version (PostgreSQL re-reads it), never skipped.
 macro_rules! the_locked_rows {
     () => {
-        "o.ctid = ANY(ARRAY(SELECT tid FROM locked))
-                   AND (o.partition, o.id) IN (SELECT partition, id FROM locked)"
+        "FROM locked l WHERE o.partition = l.partition AND o.id = l.id"
     };
 }
 
