@@ -87,9 +87,11 @@ pub struct ApiState {
 /// receipts each would otherwise be one 25,600-row transaction.
 pub const RECEIPT_GROUP_ROWS: usize = 2_000;
 
+/// No linger: a client waits for its answer, and concurrent clients gather a group anyway.
 pub const DEFAULT_GROUP: GroupSettings = GroupSettings {
     max_group: 256,
     parallel: 2,
+    linger: std::time::Duration::ZERO,
 };
 
 /// Partitions written within this long of each other share one NOTIFY statement.

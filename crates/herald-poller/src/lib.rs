@@ -48,6 +48,9 @@ pub struct PollerSettings {
     /// Most publishes in flight at once over all partitions (0: no limit, one per owned
     /// partition). 1 rebuilds the serial publisher Herald started from, for comparison.
     pub publish_concurrency: usize,
+    /// How long a claim that starts alone waits for other partitions' (see
+    /// [`GroupSettings::linger`]).
+    pub linger: Duration,
 }
 
 impl Default for PollerSettings {
@@ -60,6 +63,7 @@ impl Default for PollerSettings {
             stale_after: Duration::from_secs(120),
             publish_backoff: Duration::from_secs(1),
             publish_concurrency: 0,
+            linger: herald_store::group::DEFAULT_LINGER,
         }
     }
 }
@@ -129,6 +133,7 @@ impl Poller {
                 GroupSettings {
                     max_group: 32,
                     parallel: 2,
+                    linger: settings.linger,
                 },
                 move |requests: Arc<Vec<DrainRequest>>| {
                     let (pool, stores) = (pool.clone(), stores.clone());
@@ -143,6 +148,7 @@ impl Poller {
                 GroupSettings {
                     max_group: 4096,
                     parallel: 1,
+                    linger: Duration::ZERO,
                 },
                 move |fences: Arc<Vec<Fence>>| {
                     let (pool, stores) = (pool.clone(), stores.clone());

@@ -2,8 +2,11 @@
 //!
 //! Each caller hands its request to a [`GroupCommit`] and waits. A dispatcher takes everything
 //! that is waiting (up to `max_group`) as one group and runs the writer on it; at most
-//! `parallel` groups are written at once, so while they run the next group gathers. There is
-//! no timer: an idle system commits a lone request at once, a busy one commits in large groups.
+//! `parallel` groups are written at once, so while they run the next group gathers. A busy
+//! system commits in large groups without waiting. A group that starts from an empty queue
+//! waits `linger` for more (zero: it takes only the callers already running): at low rates a
+//! statement's fixed cost (on the partitioned outbox, mostly starting its plan over 64
+//! children) is then paid once per linger, not once per request.
 //! Every caller is answered only after the commit that holds its request (or with the error
 //! that prevented it).
 //!
@@ -13,6 +16,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -43,6 +47,10 @@ pub fn register_metrics(writer: &'static str) {
 
 type Waiting<R, A> = (R, oneshot::Sender<Result<A, StoreError>>);
 
+/// The linger of the delivery path's group writers (the poller's claims, the send worker's
+/// confirms and ledger writes) when none is configured; see `--batch-linger`.
+pub const DEFAULT_LINGER: Duration = Duration::from_millis(10);
+
 /// How a group committer behaves.
 #[derive(Debug, Clone, Copy)]
 pub struct GroupSettings {
@@ -50,6 +58,9 @@ pub struct GroupSettings {
     pub max_group: usize,
     /// Most group transactions running at once.
     pub parallel: usize,
+    /// How long a group that starts from an empty queue waits for more requests (up to
+    /// `max_group`) before it is written. Zero: no timer.
+    pub linger: Duration,
 }
 
 /// The handle callers write through; cloning is cheap. The dispatcher ends when every handle
@@ -101,6 +112,7 @@ where
             max_group,
             max_weight,
             weigh,
+            linger: settings.linger,
         };
         tokio::spawn(dispatch(name, rx, bounds, settings.parallel.max(1), write));
         Self { tx }
@@ -123,6 +135,7 @@ struct Bounds<R> {
     max_group: usize,
     max_weight: usize,
     weigh: fn(&R) -> usize,
+    linger: Duration,
 }
 
 async fn dispatch<R, A, F, Fut>(
@@ -150,7 +163,20 @@ async fn dispatch<R, A, F, Fut>(
         };
         let mut weight = (bounds.weigh)(&first.0);
         let mut group = vec![first];
-        if rx.is_empty() {
+        if rx.is_empty() && !bounds.linger.is_zero() {
+            // A lone request at a low rate: wait for company, up to the linger.
+            let until = tokio::time::Instant::now() + bounds.linger;
+            while group.len() < bounds.max_group && weight < bounds.max_weight {
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(next)) => {
+                        weight = weight.saturating_add((bounds.weigh)(&next.0));
+                        group.push(next);
+                    }
+                    // The linger is over, or every handle is gone (answer what was taken).
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        } else if rx.is_empty() {
             // Callers woken together (one timer tick, one NOTIFY) run one after another; the
             // first one's send wakes this task before the others had their turn. One yield
             // lets those already runnable send too, so they share this group instead of
@@ -252,6 +278,7 @@ mod tests {
             GroupSettings {
                 max_group: 100,
                 parallel: 1,
+                linger: Duration::ZERO,
             },
             move |requests: Arc<Vec<u32>>| {
                 let counted = counted.clone();
@@ -289,6 +316,7 @@ mod tests {
             GroupSettings {
                 max_group: 100,
                 parallel: 1,
+                linger: Duration::ZERO,
             },
             (100, |_: &u32| 30),
             move |requests: Arc<Vec<u32>>| {
@@ -322,6 +350,7 @@ mod tests {
             GroupSettings {
                 max_group: 10,
                 parallel: 1,
+                linger: Duration::ZERO,
             },
             |_: Arc<Vec<u32>>| async {
                 Err::<Vec<u32>, _>(StoreError::Database(sqlx::Error::PoolTimedOut))
@@ -329,5 +358,80 @@ mod tests {
         );
         let err = group.write(1).await.unwrap_err();
         assert!(matches!(err, StoreError::GroupWrite(_)), "{err:?}");
+    }
+
+    // Requests a millisecond apart, at a rate where each would otherwise be written alone:
+    // with a linger they share one write, and the last is answered when the linger ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_request_waits_the_linger_for_company() {
+        for (linger, expected_writes) in [(Duration::ZERO, 10), (Duration::from_millis(20), 1)] {
+            let writes = Arc::new(AtomicUsize::new(0));
+            let counted = writes.clone();
+            let group = GroupCommit::spawn(
+                "test",
+                GroupSettings {
+                    max_group: 100,
+                    parallel: 1,
+                    linger,
+                },
+                move |requests: Arc<Vec<u32>>| {
+                    let counted = counted.clone();
+                    async move {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        Ok(requests.to_vec())
+                    }
+                },
+            );
+            let started = tokio::time::Instant::now();
+            let mut calls = Vec::new();
+            for i in 0..10u32 {
+                let group = group.clone();
+                calls.push(tokio::spawn(async move { group.write(i).await.unwrap() }));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            for (i, call) in calls.into_iter().enumerate() {
+                assert_eq!(call.await.unwrap(), i as u32);
+            }
+            assert_eq!(
+                writes.load(Ordering::SeqCst),
+                expected_writes,
+                "linger {linger:?}"
+            );
+            // Nothing waits past the linger: the group is written when it ends.
+            assert!(
+                started.elapsed() <= Duration::from_millis(21),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+    }
+
+    // A full group does not wait out the linger.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_group_is_written_without_waiting() {
+        let group = GroupCommit::spawn(
+            "test",
+            GroupSettings {
+                max_group: 4,
+                parallel: 1,
+                linger: Duration::from_secs(60),
+            },
+            |requests: Arc<Vec<u32>>| async move { Ok(requests.to_vec()) },
+        );
+        let started = tokio::time::Instant::now();
+        let calls: Vec<_> = (0..4u32)
+            .map(|i| {
+                let group = group.clone();
+                tokio::spawn(async move { group.write(i).await.unwrap() })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

@@ -21,18 +21,15 @@ pub struct AcceptedRecorder {
 }
 
 impl AcceptedRecorder {
-    /// Starts the writer: at most `max_group` effects per statement, one statement at a time;
-    /// a failed write is retried (a database outage) for up to `retry_for`, or until `cancel`.
+    /// Starts the writer: at most `settings.max_group` effects per statement, `parallel`
+    /// statements at a time; a failed write is retried (a database outage) for up to
+    /// `retry_for`, or until `cancel`.
     pub fn spawn(
         pool: PgPool,
-        max_group: usize,
+        settings: GroupSettings,
         retry_for: Duration,
         cancel: CancellationToken,
     ) -> Self {
-        let settings = GroupSettings {
-            max_group,
-            parallel: 1,
-        };
         let group = GroupCommit::spawn(
             "ledger",
             settings,

@@ -45,6 +45,9 @@ pub struct SendSettings {
     /// How long a claim stays this worker's without a renewal; renewed every third of it
     /// while the provider call and the outcome's write run.
     pub claim_lease: Duration,
+    /// How long a confirm or ledger write that starts alone waits for others to share its
+    /// statement (see `herald_store::group::GroupSettings::linger`).
+    pub linger: Duration,
 }
 
 /// The shortest claim lease: renewals every second at most.
@@ -77,6 +80,7 @@ impl Default for SendSettings {
             worker: "worker".to_owned(),
             blocked_recipients: Default::default(),
             claim_lease: Duration::from_secs(30),
+            linger: herald_store::group::DEFAULT_LINGER,
         }
     }
 }
@@ -107,6 +111,7 @@ fn spawn_confirms(pool: PgPool, settings: &SendSettings) -> Confirms {
     let group = GroupSettings {
         max_group: settings.max_group,
         parallel: CONFIRM_GROUPS_IN_FLIGHT,
+        linger: settings.linger,
     };
     GroupCommit::spawn("confirm", group, move |keys: Arc<Vec<(u32, i64)>>| {
         let pool = pool.clone();
@@ -198,7 +203,11 @@ impl SendHandler {
     ) -> Self {
         let recorder = AcceptedRecorder::spawn(
             pool.clone(),
-            settings.max_group,
+            GroupSettings {
+                max_group: settings.max_group,
+                parallel: 1,
+                linger: settings.linger,
+            },
             WRITE_RETRY_FOR,
             cancel.clone(),
         );

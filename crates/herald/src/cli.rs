@@ -511,6 +511,13 @@ pub struct PollerArgs {
     /// partition publishes on its own). 1 is the serial publisher of Herald's first version.
     #[arg(long, env = "HERALD_POLLER_PUBLISH_CONCURRENCY", default_value_t = 0)]
     pub publish_concurrency: usize,
+    /// How long a claim that starts alone waits for other partitions' claims to share its
+    /// statement (0s: none). At low rates every claim would carry a few rows, and a statement
+    /// on the outbox costs about as much for one row as for fifty; a benchmark chose the
+    /// default (loadtest/README.md).
+    #[arg(long, env = "HERALD_BATCH_LINGER", default_value = "10ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub batch_linger: Duration,
     /// Longest an idle partition waits before claiming again (NOTIFY wakes it sooner).
     #[arg(long, env = "HERALD_POLLER_POLL_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
@@ -572,6 +579,13 @@ pub struct WorkerArgs {
     /// statement: while two batches are written, the next gathers in the stream.
     #[arg(long, env = "HERALD_WORKER_BATCHES_IN_FLIGHT")]
     pub batches_in_flight: Option<usize>,
+    /// send: how long a confirm or ledger write that starts alone waits for other batches' to
+    /// share its statement (0s: none). At low rates every statement would carry a few jobs, and
+    /// a statement on the outbox costs about as much for one row as for fifty; a benchmark
+    /// chose the default (loadtest/README.md).
+    #[arg(long, env = "HERALD_BATCH_LINGER", default_value = "10ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub batch_linger: Duration,
     /// This consumer's name in the stream's group (default: host name and process id).
     #[arg(long, env = "HERALD_WORKER_ID")]
     pub worker_id: Option<String>,

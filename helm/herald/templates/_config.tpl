@@ -54,6 +54,7 @@ HERALD_DRAIN_TIMEOUT: {{ printf "%vs" $p.drainTimeoutSeconds | quote }}
 HERALD_POLLER_BATCH_SIZE: {{ $p.batchSize | int64 | quote }}
 HERALD_POLLER_MAX_BATCHES_PER_TICK: {{ $p.maxBatchesPerTick | int64 | quote }}
 HERALD_POLLER_PUBLISH_CONCURRENCY: {{ $p.publishConcurrency | int64 | quote }}
+HERALD_BATCH_LINGER: {{ $p.batchLinger | quote }}
 HERALD_POLLER_POLL_INTERVAL: {{ $p.pollInterval | quote }}
 HERALD_POLLER_REDRIVE_INTERVAL: {{ $p.redriveInterval | quote }}
 HERALD_POLLER_STALE_AFTER: {{ $p.staleAfter | quote }}
@@ -85,6 +86,7 @@ HERALD_MAX_ATTEMPTS: {{ $w.maxAttempts | int64 | quote }}
 HERALD_CLAIM_LEASE: {{ $w.claimLease | quote }}
 HERALD_RETRY_BASE: {{ $w.retryBase | quote }}
 HERALD_RETRY_MAX: {{ $w.retryMax | quote }}
+HERALD_BATCH_LINGER: {{ $w.batchLinger | quote }}
 {{- with $w.blockedRecipients }}
 HERALD_BLOCKED_RECIPIENTS: {{ join "," . | quote }}
 {{- end }}

@@ -84,6 +84,7 @@ async fn a_shared_transaction_answers_each_request_on_its_own() {
         GroupSettings {
             max_group: 64,
             parallel: 1,
+            linger: std::time::Duration::ZERO,
         },
         move |messages: std::sync::Arc<Vec<NewMessage>>| {
             let pool = writer_pool.clone();

@@ -67,6 +67,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         herald_store::group::GroupSettings {
             max_group: args.group_max,
             parallel: args.group_parallel,
+            linger: std::time::Duration::ZERO,
         },
     );
     announce(&state.credentials);

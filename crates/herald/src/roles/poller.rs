@@ -92,6 +92,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
             batch_size: args.batch_size,
             max_batches_per_tick: args.max_batches_per_tick,
             publish_concurrency: args.publish_concurrency,
+            linger: args.batch_linger,
             poll_interval: args.poll_interval,
             redrive_interval: args.redrive_interval,
             stale_after: args.stale_after,

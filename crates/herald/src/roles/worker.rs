@@ -54,6 +54,7 @@ pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> anyhow::Result<
             .map(|r| r.trim().to_owned())
             .collect(),
         claim_lease: args.claim_lease,
+        linger: args.batch_linger,
         ..SendSettings::default()
     };
     send_settings
