@@ -90,11 +90,14 @@ pub async fn confirm_ownership_batch(
             "
                  RETURNING o.partition, o.id, o.message_id, o.attempts
              ), owned AS (
+                 -- A count per job, not EXISTS (nor LIMIT 1): a generic plan made while the
+                 -- ledger was small hashed the whole ledger for EXISTS at every call, and
+                 -- with a LIMIT it read the ledger sequentially until the first match.
                  SELECT done.partition, done.id, done.message_id, done.attempts,
-                        EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = done.message_id)
-                            AS accepted,
-                        gen_random_uuid() AS lease
-                 FROM done
+                        a.accepted, gen_random_uuid() AS lease
+                 FROM done CROSS JOIN LATERAL (
+                     SELECT count(*) > 0 AS accepted FROM ledger l
+                     WHERE l.message_id = done.message_id) a
              ), claimed AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, 'CLAIMED',
