@@ -2,7 +2,8 @@
 //! hands its effect to the recorder and waits. The recorder writes everything that is waiting
 //! in one statement (one transaction), then answers each caller — so every ACCEPTED is still
 //! committed after its own provider call, and no caller is answered before the commit that
-//! holds its effect. While one write runs, the next group gathers; there is no timer to wait.
+//! holds its effect. While one write runs, the next group gathers; a group that starts alone
+//! waits up to its linger (`--batch-linger`) for company.
 //! The grouping is [`herald_store::group`]'s, shared with the API's accept paths.
 
 use std::sync::Arc;

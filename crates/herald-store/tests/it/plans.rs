@@ -176,6 +176,26 @@ async fn batched_statements_read_only_their_batch(statistics: Statistics) {
     );
 }
 
+/// `count` messages spread over partitions `0..partitions`, each with its send job waiting
+/// in its stream (PUBLISHED).
+async fn published_sends(pool: &PgPool, partitions: i32, count: i32) {
+    sqlx::query(
+        "WITH m AS (
+             INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
+             SELECT gen_random_uuid(), g % $1, '+15550100', '{}', '\\x00'
+             FROM generate_series(1, $2) g
+             RETURNING id, partition
+         )
+         INSERT INTO outbox (partition, job_type, message_id, status, claimed_at)
+         SELECT partition, 'send', id, 'PUBLISHED', now() FROM m",
+    )
+    .bind(partitions)
+    .bind(count)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// The outbox children whose heap a connection's statements have read so far, by name.
 async fn children_read(one: &PgPool) -> Vec<(String, i64)> {
     sqlx::query("SELECT pg_stat_force_next_flush()")
@@ -207,25 +227,13 @@ fn read_between(before: &[(String, i64)], after: &[(String, i64)]) -> Vec<String
 
 /// A batch's update reaches only the children its rows are in. Joined to the partitioned
 /// outbox by a hash join, or found by `ctid = ANY(…)`, it read every one of the 64 children
-/// for each statement: a confirm of 8 jobs spent most of its time in the 56 children none of
-/// them was in.
+/// for each statement: at 600 msg/s a confirm took 15 ms, most of it in children none of its
+/// rows was in.
 #[tokio::test]
 async fn a_batch_reads_only_the_children_its_rows_are_in() {
     let (_pg, pool) = migrated(64).await;
     // 64 children of 320 rows, every row waiting in its stream.
-    sqlx::query(
-        "WITH m AS (
-             INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
-             SELECT gen_random_uuid(), g % 64, '+15550100', '{}', '\\x00'
-             FROM generate_series(1, 10240) g
-             RETURNING id, partition
-         )
-         INSERT INTO outbox (partition, job_type, message_id, status, claimed_at)
-         SELECT partition, 'send', id, 'PUBLISHED', now() FROM m",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    published_sends(&pool, 64, 10_240).await;
     sqlx::query(
         "INSERT INTO outbox (partition, job_type, payload, status, claimed_at)
          SELECT g % 64, 'status', jsonb_build_object('receipt_id', g), 'PUBLISHED', now()
@@ -287,19 +295,7 @@ async fn a_batch_reads_only_the_children_its_rows_are_in() {
 #[tokio::test]
 async fn a_confirm_reads_the_ledger_by_key_however_it_grew_since_its_plan() {
     let (_pg, pool) = migrated(8).await;
-    sqlx::query(
-        "WITH m AS (
-             INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
-             SELECT gen_random_uuid(), g % 8, '+15550100', '{}', '\\x00'
-             FROM generate_series(1, 40) g
-             RETURNING id, partition
-         )
-         INSERT INTO outbox (partition, job_type, message_id, status, claimed_at)
-         SELECT partition, 'send', id, 'PUBLISHED', now() FROM m",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    published_sends(&pool, 8, 40).await;
     let one = worker_session(&pool).await;
     let jobs: Vec<(u32, i64)> =
         sqlx::query_as::<_, (i32, i64)>("SELECT partition, id FROM outbox ORDER BY id")
