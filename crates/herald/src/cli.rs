@@ -513,8 +513,8 @@ pub struct PollerArgs {
     pub publish_concurrency: usize,
     /// How long a claim that starts alone waits for other partitions' claims to share its
     /// statement (0s: none). At low rates every claim would carry a few rows, and a statement
-    /// on the outbox costs about as much for one row as for fifty; a benchmark chose the
-    /// default (loadtest/README.md).
+    /// on the outbox costs about as much for one row as for fifty (10ms against none:
+    /// loadtest/README.md).
     #[arg(long, env = "HERALD_BATCH_LINGER", default_value = "10ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub batch_linger: Duration,
@@ -581,8 +581,8 @@ pub struct WorkerArgs {
     pub batches_in_flight: Option<usize>,
     /// send: how long a confirm or ledger write that starts alone waits for other batches' to
     /// share its statement (0s: none). At low rates every statement would carry a few jobs, and
-    /// a statement on the outbox costs about as much for one row as for fifty; a benchmark
-    /// chose the default (loadtest/README.md).
+    /// a statement on the outbox costs about as much for one row as for fifty (10ms against
+    /// none: loadtest/README.md).
     #[arg(long, env = "HERALD_BATCH_LINGER", default_value = "10ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub batch_linger: Duration,
