@@ -163,20 +163,10 @@ async fn dispatch<R, A, F, Fut>(
         };
         let mut weight = (bounds.weigh)(&first.0);
         let mut group = vec![first];
-        if rx.is_empty() && !bounds.linger.is_zero() {
-            // A lone request at a low rate: wait for company, up to the linger.
-            let until = tokio::time::Instant::now() + bounds.linger;
-            while group.len() < bounds.max_group && weight < bounds.max_weight {
-                match tokio::time::timeout_at(until, rx.recv()).await {
-                    Ok(Some(next)) => {
-                        weight = weight.saturating_add((bounds.weigh)(&next.0));
-                        group.push(next);
-                    }
-                    // The linger is over, or every handle is gone (answer what was taken).
-                    Ok(None) | Err(_) => break,
-                }
-            }
-        } else if rx.is_empty() {
+        // A lone request at a low rate waits for company, up to the linger.
+        let linger_until = (rx.is_empty() && !bounds.linger.is_zero())
+            .then(|| tokio::time::Instant::now() + bounds.linger);
+        if rx.is_empty() && linger_until.is_none() {
             // Callers woken together (one timer tick, one NOTIFY) run one after another; the
             // first one's send wakes this task before the others had their turn. One yield
             // lets those already runnable send too, so they share this group instead of
@@ -185,13 +175,19 @@ async fn dispatch<R, A, F, Fut>(
             tokio::task::yield_now().await;
         }
         while group.len() < bounds.max_group && weight < bounds.max_weight {
-            match rx.try_recv() {
-                Ok(next) => {
-                    weight = weight.saturating_add((bounds.weigh)(&next.0));
-                    group.push(next);
-                }
-                Err(_) => break,
-            }
+            let next = match linger_until {
+                // Ends at the linger, or when every handle is gone (answer what was taken).
+                Some(until) => match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(next)) => next,
+                    Ok(None) | Err(_) => break,
+                },
+                None => match rx.try_recv() {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            weight = weight.saturating_add((bounds.weigh)(&next.0));
+            group.push(next);
         }
         let write = write.clone();
         tokio::spawn(async move {

@@ -14,13 +14,31 @@ use sqlx::PgPool;
 
 use crate::migrated;
 
-/// Rows read from the outbox's children and the history, by sequential scans and through
-/// indexes, as one connection's statistics show them right after its statements.
-async fn rows_read(one: &PgPool) -> i64 {
+/// Makes this connection's statistics visible to its next query.
+async fn flush_stats(one: &PgPool) {
     sqlx::query("SELECT pg_stat_force_next_flush()")
         .execute(one)
         .await
         .unwrap();
+}
+
+/// Rows read from the ledger, by sequential scans and through indexes, as one connection's
+/// statistics show them right after its statements.
+async fn ledger_rows_read(one: &PgPool) -> i64 {
+    flush_stats(one).await;
+    sqlx::query_scalar(
+        "SELECT (coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::bigint
+         FROM pg_stat_user_tables WHERE relname = 'ledger'",
+    )
+    .fetch_one(one)
+    .await
+    .unwrap()
+}
+
+/// Rows read from the outbox's children and the history, by sequential scans and through
+/// indexes, as one connection's statistics show them right after its statements.
+async fn rows_read(one: &PgPool) -> i64 {
+    flush_stats(one).await;
     sqlx::query_scalar(
         "SELECT coalesce(sum(seq_tup_read + coalesce(idx_tup_fetch, 0)), 0)::bigint
          FROM pg_stat_user_tables
@@ -198,10 +216,7 @@ async fn published_sends(pool: &PgPool, partitions: i32, count: i32) {
 
 /// The outbox children whose heap a connection's statements have read so far, by name.
 async fn children_read(one: &PgPool) -> Vec<(String, i64)> {
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(one)
-        .await
-        .unwrap();
+    flush_stats(one).await;
     sqlx::query_as(
         "SELECT relname::text, (coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0))::bigint
          FROM pg_statio_user_tables WHERE relname LIKE 'outbox_p%' ORDER BY relname",
@@ -329,24 +344,11 @@ async fn a_confirm_reads_the_ledger_by_key_however_it_grew_since_its_plan() {
     .execute(&pool)
     .await
     .unwrap();
-    let ledger_read = || async {
-        sqlx::query("SELECT pg_stat_force_next_flush()")
-            .execute(&one)
-            .await
-            .unwrap();
-        sqlx::query_scalar::<_, i64>(
-            "SELECT (coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::bigint
-             FROM pg_stat_user_tables WHERE relname = 'ledger'",
-        )
-        .fetch_one(&one)
-        .await
-        .unwrap()
-    };
-    let before = ledger_read().await;
+    let before = ledger_rows_read(&one).await;
     let owned = confirm_ownership_batch(&one, &jobs[10..20], "w", lease)
         .await
         .unwrap();
-    let read = ledger_read().await - before;
+    let read = ledger_rows_read(&one).await - before;
     assert_eq!(owned.len(), 10);
     assert!(read < 100, "a confirm of 10 jobs read {read} ledger rows");
     let accepted: Vec<i64> = owned
@@ -380,19 +382,6 @@ async fn a_receipt_lookup_reads_a_few_ledger_rows_however_often_its_id_wrapped()
     .unwrap();
     sqlx::query("ANALYZE ledger").execute(&pool).await.unwrap();
     let one = worker_session(&pool).await;
-    let ledger_rows_read = || async {
-        sqlx::query("SELECT pg_stat_force_next_flush()")
-            .execute(&one)
-            .await
-            .unwrap();
-        sqlx::query_scalar::<_, i64>(
-            "SELECT (coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::bigint
-             FROM pg_stat_user_tables WHERE relname = 'ledger'",
-        )
-        .fetch_one(&one)
-        .await
-        .unwrap()
-    };
     let now = chrono::Utc::now();
     let lookups: Vec<ReceiptLookup> = (1..=50)
         .map(|id| ReceiptLookup {
@@ -403,10 +392,10 @@ async fn a_receipt_lookup_reads_a_few_ledger_rows_however_often_its_id_wrapped()
             is_final: true,
         })
         .collect();
-    let before = ledger_rows_read().await;
+    let before = ledger_rows_read(&one).await;
     let found = messages_for_receipts(&one, &lookups).await.unwrap();
     assert!(found.iter().all(|m| m.message_id.is_some()));
-    let read = ledger_rows_read().await - before;
+    let read = ledger_rows_read(&one).await - before;
     assert!(
         read <= 50 * 8,
         "50 lookups of ids with 500 ledger rows each read {read} ledger rows"
