@@ -152,13 +152,18 @@ pub async fn main(mut args: DrainArgs) -> anyhow::Result<i32> {
     );
     let deadline = drain_started + args.timeout;
     loop {
-        // One cheap count instead of the proof's per-message facts, which would cost the
-        // database more than the drain it measures.
-        let done: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox WHERE job_type = 'send' AND status IN ('DONE', 'DEAD')",
+        // What is left, counted through the outbox's partial indexes (PENDING, and the
+        // claimed rows), instead of the proof's per-message facts or a count of the DONE
+        // rows: both read more of the database the further the drain got, and took CPU from
+        // the drain they measure (a count of DONE rows: 138 ms every 2 s at 200,000).
+        let remaining: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM outbox WHERE job_type = 'send' AND status = 'PENDING')
+                  + (SELECT count(*) FROM outbox
+                     WHERE job_type = 'send' AND status IN ('PROCESSING', 'PUBLISHED'))",
         )
         .fetch_one(&pool)
         .await?;
+        let done = (ids.len() as i64 - remaining).max(0);
         bar.set_position(done as u64);
         if done as usize >= ids.len() || Instant::now() >= deadline {
             break;
