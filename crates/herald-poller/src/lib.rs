@@ -36,8 +36,13 @@ pub struct PollerSettings {
     pub batch_size: u32,
     /// Batches drained from one partition before it yields to the others.
     pub max_batches_per_tick: u32,
-    /// Longest an idle partition waits before claiming again (NOTIFY wakes it sooner).
+    /// How long a partition whose round came back short waits before claiming again
+    /// (NOTIFY wakes it sooner).
     pub poll_interval: Duration,
+    /// The longest such wait: every round in a row that comes back short without a NOTIFY
+    /// in between doubles the wait, from `poll_interval` up to this. A NOTIFY or a full
+    /// round starts again from `poll_interval`.
+    pub idle_poll_interval: Duration,
     /// How often stale rows are looked for.
     pub redrive_interval: Duration,
     /// A PROCESSING/PUBLISHED row older than this goes back to PENDING, if its queue store
@@ -59,12 +64,45 @@ impl Default for PollerSettings {
             batch_size: 500,
             max_batches_per_tick: 20,
             poll_interval: Duration::from_millis(500),
+            idle_poll_interval: Duration::from_secs(2),
             redrive_interval: Duration::from_secs(15),
             stale_after: Duration::from_secs(120),
             publish_backoff: Duration::from_secs(1),
             publish_concurrency: 0,
             linger: herald_store::group::DEFAULT_LINGER,
         }
+    }
+}
+
+/// The wait of a partition whose rounds keep coming back short: the poll interval, doubled
+/// after every such wait that no NOTIFY cut short, up to the idle poll interval. An idle
+/// fleet then asks the database a few times less often, and a partition with traffic (woken
+/// by NOTIFY) or a backlog (full rounds) is back at the poll interval at once.
+#[derive(Debug, Clone, Copy)]
+struct IdleBackoff {
+    base: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl IdleBackoff {
+    fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            base,
+            max: max.max(base),
+            current: base,
+        }
+    }
+
+    /// The wait now; the next one is twice as long (up to the maximum).
+    fn next(&mut self) -> Duration {
+        let now = self.current;
+        self.current = (self.current * 2).min(self.max);
+        now
+    }
+
+    fn reset(&mut self) {
+        self.current = self.base;
     }
 }
 
@@ -243,6 +281,10 @@ impl Poller {
         }
         let redrive_every = self.settings.redrive_interval;
         let mut next_redrive = tokio::time::Instant::now() + self.until_next_tick(redrive_every);
+        let mut idle = IdleBackoff::new(
+            self.settings.poll_interval,
+            self.settings.idle_poll_interval,
+        );
         while !cancel.is_cancelled() {
             if tokio::time::Instant::now() >= next_redrive {
                 next_redrive = tokio::time::Instant::now() + self.until_next_tick(redrive_every);
@@ -261,19 +303,22 @@ impl Poller {
             };
             let pause = match outcome {
                 Drained::MoreWork => {
+                    idle.reset();
                     tokio::task::yield_now().await;
                     continue;
                 }
-                // Aligned: every idle partition of this poller claims in the same round.
-                Drained::Empty if self.drainer.is_some() => {
-                    self.until_next_tick(self.settings.poll_interval)
+                // Aligned: every idle partition of this poller claims in the same round
+                // (the waits double from the poll interval, so their ticks stay shared).
+                Drained::Empty if self.drainer.is_some() => self.until_next_tick(idle.next()),
+                Drained::Empty => idle.next(),
+                Drained::PublishFailed | Drained::Paused => {
+                    idle.reset();
+                    self.settings.publish_backoff
                 }
-                Drained::Empty => self.settings.poll_interval,
-                Drained::PublishFailed | Drained::Paused => self.settings.publish_backoff,
             };
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = waker.notified(), if outcome == Drained::Empty => {}
+                _ = waker.notified(), if outcome == Drained::Empty => idle.reset(),
                 _ = tokio::time::sleep(pause) => {}
             }
         }
@@ -683,5 +728,29 @@ async fn listen_once(
                 Err(err) => return Listened::Lost(err),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_partition_waits_longer_each_time_up_to_the_idle_interval() {
+        let mut idle = IdleBackoff::new(Duration::from_millis(500), Duration::from_secs(2));
+        let waits: Vec<Duration> = (0..5).map(|_| idle.next()).collect();
+        assert_eq!(
+            waits,
+            [500, 1000, 2000, 2000, 2000].map(Duration::from_millis)
+        );
+        idle.reset();
+        assert_eq!(idle.next(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn an_idle_interval_below_the_poll_interval_means_no_backoff() {
+        let mut idle = IdleBackoff::new(Duration::from_secs(1), Duration::from_millis(100));
+        assert_eq!(idle.next(), Duration::from_secs(1));
+        assert_eq!(idle.next(), Duration::from_secs(1));
     }
 }

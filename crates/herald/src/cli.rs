@@ -373,8 +373,11 @@ pub struct PressureArgs {
     /// publishing to it until it drains below, and the API's /readyz names it.
     #[arg(long, env = "HERALD_QUEUE_FULL_THRESHOLD", default_value_t = 0.8)]
     pub queue_full_threshold: f64,
-    /// How often each queue store's memory and streams are read.
-    #[arg(long, env = "HERALD_QUEUE_CHECK_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    /// How often each queue store's memory and streams are read. A store that fills between
+    /// two reads refuses the overshoot with OOM, which releases the batch uncharged and
+    /// reads the store again at once (1s rather than 500ms: a tenth of a percent of the
+    /// machine less for an idle deployment, loadtest/README.md).
+    #[arg(long, env = "HERALD_QUEUE_CHECK_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub queue_check_interval: Duration,
 }
@@ -518,10 +521,19 @@ pub struct PollerArgs {
     #[arg(long, env = "HERALD_BATCH_LINGER", default_value = "10ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub batch_linger: Duration,
-    /// Longest an idle partition waits before claiming again (NOTIFY wakes it sooner).
+    /// How long a partition whose claim came back short waits before claiming again (NOTIFY
+    /// wakes it sooner): the pace at which rows due later (retries) and rows whose NOTIFY was
+    /// lost are found.
     #[arg(long, env = "HERALD_POLLER_POLL_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]
     pub poll_interval: Duration,
+    /// Longest wait of an idle partition: each short claim in a row with no NOTIFY between
+    /// doubles the wait from --poll-interval up to this (at or below --poll-interval: no
+    /// doubling). An idle poller then asks the database a quarter as often
+    /// (loadtest/README.md); a NOTIFY or a full claim starts again from --poll-interval.
+    #[arg(long, env = "HERALD_POLLER_IDLE_POLL_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub idle_poll_interval: Duration,
     /// How often stale PROCESSING/PUBLISHED rows are looked for.
     #[arg(long, env = "HERALD_POLLER_REDRIVE_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "human")]

@@ -56,6 +56,7 @@ HERALD_POLLER_MAX_BATCHES_PER_TICK: {{ $p.maxBatchesPerTick | int64 | quote }}
 HERALD_POLLER_PUBLISH_CONCURRENCY: {{ $p.publishConcurrency | int64 | quote }}
 HERALD_BATCH_LINGER: {{ $p.batchLinger | quote }}
 HERALD_POLLER_POLL_INTERVAL: {{ $p.pollInterval | quote }}
+HERALD_POLLER_IDLE_POLL_INTERVAL: {{ $p.idlePollInterval | quote }}
 HERALD_POLLER_REDRIVE_INTERVAL: {{ $p.redriveInterval | quote }}
 HERALD_POLLER_STALE_AFTER: {{ $p.staleAfter | quote }}
 {{ include "herald.config.pressure" . }}

@@ -94,6 +94,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
             publish_concurrency: args.publish_concurrency,
             linger: args.batch_linger,
             poll_interval: args.poll_interval,
+            idle_poll_interval: args.idle_poll_interval,
             redrive_interval: args.redrive_interval,
             stale_after: args.stale_after,
             ..PollerSettings::default()

@@ -232,6 +232,8 @@ impl Deployment {
                 &deployment.status_redis.url(),
                 "--poll-interval",
                 "100ms",
+                "--idle-poll-interval",
+                "400ms",
             ]);
             if options.fleet {
                 poller.extend(args(&["--etcd-endpoints", &deployment.etcd.endpoint()]));

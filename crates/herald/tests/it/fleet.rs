@@ -254,6 +254,8 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
         &herald.etcd.endpoint(),
         "--poll-interval",
         "100ms",
+        "--idle-poll-interval",
+        "400ms",
     ]);
     let admin = herald.spawn_with_admin("poller-3", fourth).await;
     herald.poller_admins.push(admin);
