@@ -10,14 +10,13 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use herald_store::accept::{accept_messages, AcceptError, Accepted, KeyReused, NewMessage};
 use herald_store::messages::message_with_history;
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::metrics::{ACCEPTED, REJECTED, REPLAYED, REQUEST_DURATION};
 use crate::problem::Problem;
 use crate::validate;
-use crate::wire::{AcceptedMessage, BatchResponse};
+use crate::wire::{AcceptedMessage, BatchRequest, BatchResponse, SendRequest};
 use crate::ApiState;
 
 #[utoipa::path(
@@ -71,8 +70,8 @@ async fn accept_one_inner(
         )
         .with_field("Idempotency-Key"));
     }
-    let value = read_json(state, headers, body).await?;
-    let mut message = validate::message(&value, "", key, false, state.partitions)?;
+    let request: SendRequest = validate::parse(&read_json(state, headers, body).await?)?;
+    let mut message = validate::send_request(request, key, state.partitions)?;
     message.created_by = caller.name.as_deref().map(str::to_owned);
     let first = commit_one(state, message).await?;
     let location = format!("/v1/messages/{}", first.id);
@@ -147,27 +146,8 @@ async fn accept_batch_inner(
         )
         .with_field("Idempotency-Key"));
     }
-    let value = read_json(state, headers, body).await?;
-    let items = match value.as_object().map(|o| (o.get("messages"), o.len())) {
-        Some((Some(Value::Array(items)), 1)) => items,
-        Some((Some(Value::Array(_)), _)) => {
-            let extra = value
-                .as_object()
-                .and_then(|o| o.keys().find(|k| *k != "messages").cloned())
-                .unwrap_or_default();
-            return Err(Problem::invalid_field(
-                &extra,
-                format!("unknown field `{extra}` (a batch is {{\"messages\": [...]}})"),
-            ));
-        }
-        Some((Some(_), _)) => {
-            return Err(Problem::invalid_field(
-                "messages",
-                "`messages` must be an array",
-            ))
-        }
-        _ => return Err(Problem::invalid_field("messages", "`messages` is required")),
-    };
+    let request: BatchRequest = validate::parse(&read_json(state, headers, body).await?)?;
+    let items = request.messages;
     if items.is_empty() || items.len() > state.limits.max_batch {
         return Err(Problem::invalid_field(
             "messages",
@@ -180,9 +160,9 @@ async fn accept_batch_inner(
     }
     let mut messages = Vec::with_capacity(items.len());
     let mut keys = HashSet::new();
-    for (index, item) in items.iter().enumerate() {
+    for (index, item) in items.into_iter().enumerate() {
         let path = format!("messages[{index}].");
-        let mut message = validate::message(item, &path, None, true, state.partitions)?;
+        let mut message = validate::batch_item(item, index, state.partitions)?;
         message.created_by = caller.name.as_deref().map(str::to_owned);
         if message.idempotency_key.is_none() && state.limits.require_idempotency_key {
             return Err(Problem::invalid_field(
@@ -374,7 +354,12 @@ fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>, Problem> {
     Ok(Some(key.to_owned()))
 }
 
-async fn read_json(state: &ApiState, headers: &HeaderMap, body: Body) -> Result<Value, Problem> {
+/// The body's bytes, once its Content-Type says JSON and it fits `--max-body-bytes`.
+async fn read_json(
+    state: &ApiState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, Problem> {
     if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
         let content_type = content_type
             .to_str()
@@ -399,10 +384,9 @@ async fn read_json(state: &ApiState, headers: &HeaderMap, body: Body) -> Result<
     if declared.is_some_and(|length| length > limit) {
         return Err(Problem::too_large(limit));
     }
-    let bytes = axum::body::to_bytes(body, limit)
+    axum::body::to_bytes(body, limit)
         .await
-        .map_err(|_| Problem::too_large(limit))?;
-    validate::parse_json(&bytes)
+        .map_err(|_| Problem::too_large(limit))
 }
 
 fn wire_message(accepted: &Accepted) -> AcceptedMessage {

@@ -1,73 +1,146 @@
 //! Turning request bytes into validated messages, naming the field of every problem.
+//!
+//! A body is parsed straight into its wire type (`wire.rs`: the structs the OpenAPI
+//! document is generated from), with the path of the value that did not fit
+//! (`messages[3].recipient`) taken from the parser; what a type cannot say (lengths, empty
+//! text, a null body, NUL characters PostgreSQL cannot store, key syntax) is checked on the
+//! parsed struct, naming its field the same way.
 
 use herald_core::{partition_of, PartitionCount};
 use herald_store::accept::{fingerprint, NewMessage};
-use serde_json::{Map, Value};
+use serde::de::DeserializeOwned;
+use serde_json::error::Category;
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::problem::Problem;
+use crate::wire::{BatchItem, ObjectOnly, SendRequest};
 
 pub const MAX_RECIPIENT_CHARS: usize = 320;
 pub const MAX_KEY_CHARS: usize = 255;
 
-/// Parses the body as JSON; a syntax error is a 400 with the position.
-pub fn parse_json(bytes: &[u8]) -> Result<Value, Problem> {
-    serde_json::from_slice(bytes).map_err(|err| Problem::malformed_json(err.to_string()))
+/// Parses a body, a JSON object, into its wire type. Bytes that are not JSON are a 400 with the position;
+/// JSON that does not fit the type is a 422 naming the field by its path.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    let mut parser = serde_json::Deserializer::from_slice(bytes);
+    let ObjectOnly(parsed) =
+        serde_path_to_error::deserialize(&mut parser).map_err(|err| problem_of(&err))?;
+    // Anything after the value (`{…} x`) is not JSON either.
+    parser
+        .end()
+        .map_err(|err| Problem::malformed_json(err.to_string()))?;
+    Ok(parsed)
 }
 
-/// Validates one message object; `path` prefixes field names (`messages[3].`).
-pub fn message(
-    value: &Value,
-    path: &str,
+/// The problem for a value that did not parse. The parser names a missing field only in its
+/// message and reports it at the object that lacks it; the field's own path is that object's
+/// path and the name.
+fn problem_of(err: &serde_path_to_error::Error<serde_json::Error>) -> Problem {
+    let inner = err.inner();
+    if inner.classify() != Category::Data {
+        return Problem::malformed_json(inner.to_string());
+    }
+    let message = inner.to_string();
+    let at = path_of(err.path());
+    if let Some(name) = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next())
+    {
+        let field = join(&at, name);
+        return Problem::invalid_field(&field, format!("`{field}` is required"));
+    }
+    if message.starts_with("unknown field `") {
+        // The path already ends with the unknown key.
+        return Problem::invalid_field(
+            &at,
+            message.replacen(
+                &format!("`{}`", at.rsplit('.').next().unwrap_or(&at)),
+                &format!("`{at}`"),
+                1,
+            ),
+        );
+    }
+    Problem::invalid_field(&at, format!("{}: {message}", display(&at)))
+}
+
+/// A parser path as a field name: `messages[3].recipient`, `$` for the body itself.
+fn path_of(path: &serde_path_to_error::Path) -> String {
+    let text = path.to_string();
+    if text == "." {
+        "$".to_owned()
+    } else {
+        text
+    }
+}
+
+fn join(parent: &str, name: &str) -> String {
+    if parent == "$" {
+        name.to_owned()
+    } else {
+        format!("{parent}.{name}")
+    }
+}
+
+/// Validates a single message (`POST /v1/messages`); its key comes from the header.
+pub fn send_request(
+    request: SendRequest,
     idempotency_key: Option<String>,
-    allow_key_field: bool,
     partitions: PartitionCount,
 ) -> Result<NewMessage, Problem> {
-    let object = value.as_object().ok_or_else(|| {
-        Problem::invalid_field(
-            trim_dot(path),
-            format!("{} must be a JSON object", display(path)),
-        )
-    })?;
-    let mut known = vec!["recipient", "body", "partition_key"];
-    if allow_key_field {
-        known.push("idempotency_key");
-    }
-    if let Some(unknown) = object.keys().find(|k| !known.contains(&k.as_str())) {
+    new_message(
+        "$",
+        request.recipient,
+        request.body,
+        request.partition_key,
+        idempotency_key,
+        partitions,
+    )
+}
+
+/// Validates the batch item at `index`; its key is its own `idempotency_key` field.
+pub fn batch_item(
+    item: BatchItem,
+    index: usize,
+    partitions: PartitionCount,
+) -> Result<NewMessage, Problem> {
+    new_message(
+        &format!("messages[{index}]"),
+        item.recipient,
+        item.body,
+        item.partition_key,
+        item.idempotency_key,
+        partitions,
+    )
+}
+
+fn new_message(
+    at: &str,
+    recipient: String,
+    body: Value,
+    partition_key: Option<String>,
+    idempotency_key: Option<String>,
+    partitions: PartitionCount,
+) -> Result<NewMessage, Problem> {
+    check_text(&join(at, "recipient"), &recipient, MAX_RECIPIENT_CHARS)?;
+    let body_at = join(at, "body");
+    if body.is_null() {
         return Err(Problem::invalid_field(
-            format!("{path}{unknown}"),
-            format!(
-                "unknown field `{path}{unknown}` (known: {})",
-                known.join(", ")
-            ),
+            &body_at,
+            format!("`{body_at}` must not be null"),
         ));
     }
-    let recipient = required_string(object, path, "recipient", MAX_RECIPIENT_CHARS)?;
-    let body = match object.get("body") {
-        None => return Err(missing(path, "body")),
-        Some(Value::Null) => {
-            return Err(Problem::invalid_field(
-                format!("{path}body"),
-                format!("`{path}body` must not be null"),
-            ))
-        }
-        Some(body) => body.clone(),
-    };
-    if let Some(field) = nul_in(&body, &format!("{path}body")) {
+    if let Some(field) = nul_in(&body, &body_at) {
         return Err(Problem::invalid_field(
             &field,
             format!("`{field}` contains a NUL character (\\u0000), which cannot be stored"),
         ));
     }
-    let partition_key = optional_string(object, path, "partition_key", MAX_KEY_CHARS)?;
-    let idempotency_key = match idempotency_key {
-        Some(key) => Some(key),
-        None if allow_key_field => optional_string(object, path, "idempotency_key", MAX_KEY_CHARS)?,
-        None => None,
-    };
+    if let Some(key) = &partition_key {
+        check_text(&join(at, "partition_key"), key, MAX_KEY_CHARS)?;
+    }
     if let Some(key) = &idempotency_key {
         check_key(key)
-            .map_err(|detail| Problem::invalid_field(format!("{path}idempotency_key"), detail))?;
+            .map_err(|detail| Problem::invalid_field(join(at, "idempotency_key"), detail))?;
     }
     let routing = partition_key.as_deref().unwrap_or(&recipient);
     Ok(NewMessage {
@@ -94,49 +167,18 @@ pub fn check_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn required_string(
-    object: &Map<String, Value>,
-    path: &str,
-    name: &str,
-    max_chars: usize,
-) -> Result<String, Problem> {
-    optional_string(object, path, name, max_chars)?.ok_or_else(|| missing(path, name))
-}
-
-fn optional_string(
-    object: &Map<String, Value>,
-    path: &str,
-    name: &str,
-    max_chars: usize,
-) -> Result<Option<String>, Problem> {
-    let field = format!("{path}{name}");
-    match object.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(text)) => {
-            if text.trim().is_empty() {
-                Err(Problem::invalid_field(
-                    &field,
-                    format!("`{field}` must not be empty"),
-                ))
-            } else if text.contains('\0') {
-                Err(Problem::invalid_field(
-                    &field,
-                    format!("`{field}` contains a NUL character (\\u0000), which cannot be stored"),
-                ))
-            } else if text.chars().count() > max_chars {
-                Err(Problem::invalid_field(
-                    &field,
-                    format!("`{field}` is longer than {max_chars} characters"),
-                ))
-            } else {
-                Ok(Some(text.clone()))
-            }
-        }
-        Some(other) => Err(Problem::invalid_field(
-            &field,
-            format!("`{field}` must be a string, got {}", kind(other)),
-        )),
-    }
+/// Text that must not be blank, must fit `max_chars`, and must not hold a NUL character.
+fn check_text(field: &str, text: &str, max_chars: usize) -> Result<(), Problem> {
+    let detail = if text.trim().is_empty() {
+        format!("`{field}` must not be empty")
+    } else if text.contains('\0') {
+        format!("`{field}` contains a NUL character (\\u0000), which cannot be stored")
+    } else if text.chars().count() > max_chars {
+        format!("`{field}` is longer than {max_chars} characters")
+    } else {
+        return Ok(());
+    };
+    Err(Problem::invalid_field(field, detail))
 }
 
 /// The path of the first string or object key under `value` that holds a NUL character:
@@ -160,74 +202,147 @@ fn nul_in(value: &Value, path: &str) -> Option<String> {
     }
 }
 
-fn missing(path: &str, name: &str) -> Problem {
-    Problem::invalid_field(
-        format!("{path}{name}"),
-        format!("`{path}{name}` is required"),
-    )
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn trim_dot(path: &str) -> String {
-    let trimmed = path.trim_end_matches('.');
-    if trimmed.is_empty() {
-        "$".to_owned()
-    } else {
-        trimmed.to_owned()
-    }
-}
-
-fn display(path: &str) -> String {
-    let trimmed = trim_dot(path);
-    if trimmed == "$" {
+fn display(field: &str) -> String {
+    if field == "$" {
         "the request body".to_owned()
     } else {
-        format!("`{trimmed}`")
+        format!("`{field}`")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::wire::BatchRequest;
 
     fn p() -> PartitionCount {
         PartitionCount::new(8).unwrap()
     }
 
-    #[test]
-    fn names_the_missing_field() {
-        let err = message(&json!({"body": {}}), "", None, false, p()).unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("recipient"));
-        let err = message(&json!({"recipient": "a"}), "messages[2].", None, true, p()).unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("messages[2].body"));
+    /// The field a single message's body is refused for (parse or check).
+    fn single(body: &str) -> Problem {
+        parse::<SendRequest>(body.as_bytes())
+            .and_then(|request| send_request(request, None, p()))
+            .unwrap_err()
+    }
+
+    fn batch(body: &str) -> Problem {
+        parse::<BatchRequest>(body.as_bytes())
+            .and_then(|request| {
+                request
+                    .messages
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, item)| batch_item(item, i, p()))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .unwrap_err()
+    }
+
+    fn field(problem: &Problem) -> &str {
+        problem.field.as_deref().unwrap_or_default()
     }
 
     #[test]
-    fn rejects_wrong_types_unknown_fields_and_bad_keys() {
-        let err = message(&json!({"recipient": 5, "body": 1}), "", None, false, p()).unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("recipient"));
-        let err = message(
-            &json!({"recipient": "a", "body": 1, "recipent": 1}),
+    fn names_the_missing_field_by_its_path() {
+        let err = single(r#"{"body": {}}"#);
+        assert_eq!((err.status, field(&err)), (422, "recipient"));
+        assert_eq!(err.detail, "`recipient` is required");
+        let err = batch(r#"{"messages": [{"recipient": "a", "body": 1}, {"recipient": "a"}]}"#);
+        assert_eq!(field(&err), "messages[1].body");
+        assert_eq!(err.detail, "`messages[1].body` is required");
+        assert_eq!(field(&batch("{}")), "messages");
+    }
+
+    #[test]
+    fn names_wrong_types_and_unknown_fields_by_their_path() {
+        let err = single(r#"{"recipient": 5, "body": 1}"#);
+        assert_eq!(field(&err), "recipient");
+        assert!(
+            err.detail
+                .starts_with("`recipient`: invalid type: integer `5`, expected a string"),
+            "{}",
+            err.detail
+        );
+        let err = single(r#"{"recipient": "a", "body": 1, "recipent": 1}"#);
+        assert_eq!(field(&err), "recipent");
+        assert!(
+            err.detail
+                .starts_with("unknown field `recipent`, expected one of"),
+            "{}",
+            err.detail
+        );
+        let err = batch(r#"{"messages": [{"recipient": "a", "body": 1, "key": "k"}]}"#);
+        assert_eq!(field(&err), "messages[0].key");
+        assert!(
+            err.detail
+                .starts_with("unknown field `messages[0].key`, expected one of `recipient`"),
+            "{}",
+            err.detail
+        );
+        let err = batch(r#"{"messages": [{"recipient": "a", "body": 1}], "extra": 1}"#);
+        assert_eq!(field(&err), "extra");
+        let err = batch(r#"{"messages": {"recipient": "a"}}"#);
+        assert_eq!(field(&err), "messages");
+        let err = batch(r#"{"messages": [1]}"#);
+        assert_eq!(field(&err), "messages[0]");
+        assert!(
+            err.detail.contains("expected a JSON object"),
+            "{}",
+            err.detail
+        );
+        let err = single("[1]");
+        assert_eq!(field(&err), "$");
+        assert!(
+            err.detail
+                .starts_with("the request body: invalid type: sequence, expected a JSON object"),
+            "{}",
+            err.detail
+        );
+        assert_eq!(field(&single(r#"["a", 1]"#)), "$");
+        assert_eq!(field(&batch(r#"{"messages": [["a", 1]]}"#)), "messages[0]");
+        let err = single(r#"{"recipient": "a", "body": 1, "partition_key": 5}"#);
+        assert_eq!(field(&err), "partition_key");
+    }
+
+    #[test]
+    fn text_that_is_not_json_is_a_400_with_the_position() {
+        for body in [
+            r#"{"recipient": "a", "#,
             "",
-            None,
-            false,
-            p(),
-        )
-        .unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("recipent"));
-        let err = message(&json!([1]), "", None, false, p()).unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("$"));
+            r#"{"recipient": "a", "body": 1} x"#,
+        ] {
+            let err = single(body);
+            assert_eq!(err.status, 400, "{body}");
+            assert!(err.field.is_none());
+            assert!(err.detail.contains("line 1 column"), "{}", err.detail);
+        }
+    }
+
+    #[test]
+    fn checks_what_the_types_cannot_say() {
+        let err = single(r#"{"recipient": "  ", "body": 1}"#);
+        assert_eq!(
+            (field(&err), err.detail.as_str()),
+            ("recipient", "`recipient` must not be empty")
+        );
+        let err = single(&format!(
+            r#"{{"recipient": "{}", "body": 1}}"#,
+            "r".repeat(321)
+        ));
+        assert_eq!(field(&err), "recipient");
+        assert!(err.detail.contains("longer than 320"));
+        let err = single(r#"{"recipient": "a", "body": null}"#);
+        assert_eq!(
+            (field(&err), err.detail.as_str()),
+            ("body", "`body` must not be null")
+        );
+        let err = batch(
+            r#"{"messages": [{"recipient": "a", "body": 1, "idempotency_key": "has space"}]}"#,
+        );
+        assert_eq!(field(&err), "messages[0].idempotency_key");
+        let err = batch(r#"{"messages": [{"recipient": "a", "body": 1, "partition_key": ""}]}"#);
+        assert_eq!(field(&err), "messages[0].partition_key");
         assert!(check_key("ok-key_1").is_ok());
         assert!(check_key("has space").is_err());
         assert!(check_key("").is_err());
@@ -235,66 +350,33 @@ mod tests {
 
     #[test]
     fn refuses_text_postgres_cannot_store_naming_the_field() {
-        let err = message(
-            &json!({"recipient": "a\u{0}b", "body": 1}),
-            "",
-            None,
-            false,
-            p(),
-        )
-        .unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("recipient"));
-        let body = json!({"recipient": "a", "body": {"text": "ok", "parts": ["x", "y\u{0}"]}});
-        let err = message(&body, "messages[1].", None, true, p()).unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("messages[1].body.parts[1]"));
-        let err = message(
-            &json!({"recipient": "a", "body": {"k\u{0}": 1}}),
-            "",
-            None,
-            false,
-            p(),
-        )
-        .unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("body.k\u{0}"));
-        let err = message(
-            &json!({"recipient": "a", "body": "\u{0}"}),
-            "",
-            None,
-            false,
-            p(),
-        )
-        .unwrap_err();
-        assert_eq!(err.field.as_deref(), Some("body"));
-        assert_eq!(err.status, 422);
+        let err = single(r#"{"recipient": "a\u0000b", "body": 1}"#);
+        assert_eq!((err.status, field(&err)), (422, "recipient"));
+        assert!(err.detail.contains("NUL"));
+        let err = batch(
+            r#"{"messages": [{"recipient": "a", "body": 1}, {"recipient": "a", "body": {"text": "ok", "parts": ["x", "y\u0000"]}}]}"#,
+        );
+        assert_eq!(field(&err), "messages[1].body.parts[1]");
+        assert_eq!(
+            field(&single(r#"{"recipient": "a", "body": {"k\u0000": 1}}"#)),
+            "body.k\u{0}"
+        );
+        assert_eq!(
+            field(&single(r#"{"recipient": "a", "body": "\u0000"}"#)),
+            "body"
+        );
         // Other control characters are stored as they came.
-        assert!(message(
-            &json!({"recipient": "a", "body": "\u{1}"}),
-            "",
-            None,
-            false,
-            p()
-        )
-        .is_ok());
+        let request = parse::<SendRequest>(br#"{"recipient": "a", "body": "\u0001"}"#).unwrap();
+        assert!(send_request(request, None, p()).is_ok());
     }
 
     #[test]
     fn partition_key_defaults_to_recipient() {
-        let a = message(
-            &json!({"recipient": "r1", "body": "x"}),
-            "",
-            None,
-            false,
-            p(),
-        )
-        .unwrap();
-        let b = message(
-            &json!({"recipient": "r2", "body": "x", "partition_key": "r1"}),
-            "",
-            None,
-            false,
-            p(),
-        )
-        .unwrap();
+        let message = |body: &str| {
+            send_request(parse::<SendRequest>(body.as_bytes()).unwrap(), None, p()).unwrap()
+        };
+        let a = message(r#"{"recipient": "r1", "body": "x"}"#);
+        let b = message(r#"{"recipient": "r2", "body": "x", "partition_key": "r1"}"#);
         assert_eq!(a.partition, b.partition);
         assert_ne!(a.fingerprint, b.fingerprint);
     }

@@ -1,5 +1,5 @@
 //! The API's wire types, shared with clients (the load tester, the demo). Every request and
-//! answer body of `/v1` is one of these; the OpenAPI document (`openapi.rs`) is generated from
+//! answer body of `/v1` is one of these (requests are parsed into them, `validate.rs`); the OpenAPI document (`openapi.rs`) is generated from
 //! them. Store rows are mapped into them here, so a change of a table is not a change of the
 //! API by accident.
 
@@ -48,7 +48,41 @@ pub struct BatchItem {
 pub struct BatchRequest {
     /// 1 to `--max-batch` (1,000) messages, committed all or nothing.
     #[schema(min_items = 1)]
+    #[serde(deserialize_with = "objects_only")]
     pub messages: Vec<BatchItem>,
+}
+
+/// `T` parsed from a JSON object only. serde's derived structs also take an array of their
+/// fields in declaration order (`["+15550100", "hi"]`), a form this API never documented and
+/// a client would only send by mistake.
+#[derive(Debug)]
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer
+            .deserialize_map(Object(std::marker::PhantomData))
+            .map(ObjectOnly)
+    }
+}
+
+fn objects_only<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let items: Vec<ObjectOnly<T>> = Deserialize::deserialize(deserializer)?;
+    Ok(items.into_iter().map(|ObjectOnly(item)| item).collect())
 }
 
 /// The answer for one accepted message.

@@ -143,7 +143,34 @@ async fn every_bad_request_gets_a_problem_naming_the_field_and_writes_nothing() 
         .send()
         .await
         .unwrap();
+    // The field that is there and should not be, with the one that was meant.
+    let problem = assert_problem(response, 422, Some("items")).await;
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap()
+        .contains("unknown field `items`, expected `messages`"));
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
     assert_problem(response, 422, Some("messages")).await;
+    // A message is an object; serde's positional form of a struct is not taken.
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&json!({ "messages": [["+15550100", "hi"]] }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, 422, Some("messages[0]")).await;
+    let response = api
+        .post("/v1/messages/batch")
+        .json(&json!({ "messages": [{"recipient": "a", "body": 1}, {"recipient": ["a"], "body": 1}] }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, 422, Some("messages[1].recipient")).await;
 
     let response = api.get("/v1/messages/not-a-uuid").send().await.unwrap();
     assert_problem(response, 400, Some("id")).await;
