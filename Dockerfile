@@ -6,6 +6,9 @@
 #                                                     # of Debian's packages where no registry is
 #                                                     # reachable (see the script)
 #
+# The binary is built without the `dev` feature: `herald dev` and the test kit it needs are for
+# a source checkout (scripts/dev), not for production.
+#
 # The bases are arguments so a user can pin them by digest or take them from a mirror:
 #   RUST_IMAGE     the build stage (a Rust toolchain on Debian bookworm)
 #   RUNTIME_IMAGE  the runtime (glibc and libgcc_s, nothing else is linked; distroless by default)
@@ -25,7 +28,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p herald --bin herald \
+    cargo build --release --locked -p herald --bin herald --no-default-features \
  && install -D -m 0755 target/release/herald /out/herald
 
 FROM scratch AS prebuilt

@@ -77,6 +77,14 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::ProviderSim(args) => roles::sim::main(args).await,
         Command::Verify(args) => roles::verify::main(args).await,
         Command::Plan(args) => roles::plan::main(args).await,
+        #[cfg(feature = "dev")]
         Command::Dev(args) => roles::dev::main(args).await,
+        #[cfg(not(feature = "dev"))]
+        Command::Dev(_) => Err(cli::ConfigError(
+            "this herald is built without the dev role (as the container image is): run \
+             scripts/dev from a source checkout, or build with the default features"
+                .to_owned(),
+        )
+        .into()),
     }
 }

@@ -3,6 +3,7 @@
 //! process.
 
 pub mod api;
+#[cfg(feature = "dev")]
 pub mod dev;
 pub mod migrate;
 pub mod plan;
