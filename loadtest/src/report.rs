@@ -55,8 +55,21 @@ pub struct Redriven {
 }
 
 impl Redriven {
-    /// Reads the counts for `ids`.
+    /// Reads the counts for `ids`, a bounded number at a time: with the 193,560 ids of one
+    /// capacity step in one array, PostgreSQL refused the statement ("Cannot enlarge string
+    /// buffer containing 1073741809 bytes").
     pub async fn of(pool: &sqlx::PgPool, ids: &[uuid::Uuid]) -> anyhow::Result<Self> {
+        let mut total = Self::default();
+        for chunk in ids.chunks(20_000) {
+            let part = Self::of_chunk(pool, chunk).await?;
+            total.lost_jobs += part.lost_jobs;
+            total.expired_claims += part.expired_claims;
+            total.dead += part.dead;
+        }
+        Ok(total)
+    }
+
+    async fn of_chunk(pool: &sqlx::PgPool, ids: &[uuid::Uuid]) -> anyhow::Result<Self> {
         let (lost_jobs, expired_claims, dead): (i64, i64, i64) = sqlx::query_as(
             "SELECT
                  (SELECT count(*) FROM outbox

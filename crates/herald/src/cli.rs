@@ -204,6 +204,12 @@ pub struct ApiArgs {
     /// run, the next group gathers. 1 makes the largest groups, more the lowest latency.
     #[arg(long, env = "HERALD_API_GROUP_PARALLEL", default_value_t = herald_api::DEFAULT_GROUP.parallel)]
     pub group_parallel: usize,
+    /// How long a receipt group that starts alone waits for more receipt requests to share its
+    /// transaction and status jobs (0s: none). Single-message accepts never wait: their
+    /// clients do, and concurrent ones gather a group anyway.
+    #[arg(long, env = "HERALD_API_RECEIPT_LINGER", default_value = "10ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub receipt_linger: Duration,
     #[command(flatten)]
     pub auth: ApiAuthArgs,
     /// How often the API reads the outbox backlog for its gauges (backlog rows and oldest

@@ -26,6 +26,7 @@ HERALD_API_MAX_BODY_BYTES: {{ $api.maxBodyBytes | int64 | quote }}
 HERALD_API_MAX_BATCH: {{ $api.maxBatch | int64 | quote }}
 HERALD_API_GROUP_MAX: {{ $api.groupMax | int64 | quote }}
 HERALD_API_GROUP_PARALLEL: {{ $api.groupParallel | int64 | quote }}
+HERALD_API_RECEIPT_LINGER: {{ $api.receiptLinger | quote }}
 HERALD_API_REQUIRE_IDEMPOTENCY_KEY: {{ $api.requireIdempotencyKey | toString | quote }}
 HERALD_API_REQUEST_TIMEOUT: {{ $api.requestTimeout | quote }}
 HERALD_API_RATE_LIMIT: {{ $api.rateLimit.perSecond | int64 | quote }}

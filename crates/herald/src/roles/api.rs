@@ -64,10 +64,19 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
             rate_limit,
         },
         credentials,
-        herald_store::group::GroupSettings {
-            max_group: args.group_max,
-            parallel: args.group_parallel,
-            linger: std::time::Duration::ZERO,
+        {
+            let accepts = herald_store::group::GroupSettings {
+                max_group: args.group_max,
+                parallel: args.group_parallel,
+                linger: std::time::Duration::ZERO,
+            };
+            herald_api::Groups {
+                accepts,
+                receipts: herald_store::group::GroupSettings {
+                    linger: args.receipt_linger,
+                    ..accepts
+                },
+            }
         },
     );
     announce(&state.credentials);
