@@ -21,7 +21,7 @@ use serde::Serialize;
         idempotency key, so a retry never becomes a second effect.\n\n\
         Every flag can also be set with the HERALD_* environment variable shown in its help, or \
         in a TOML file given with --config (flags win over variables, which win over the file).\n\
-        Start with `herald dev`: every role plus local PostgreSQL, Redis and etcd, and a demo load."
+        In a source checkout, start with `scripts/dev` (`herald dev`): every role plus local         PostgreSQL, Redis and etcd, and a demo load."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -45,6 +45,8 @@ pub enum Command {
     /// Check pool and memory budgets on paper: PostgreSQL connections, Redis clients and memory.
     Plan(PlanArgs),
     /// Run everything locally: PostgreSQL, Redis, etcd, every role, then a demo load.
+    // Hidden where it cannot run (a build without the `dev` feature, as in the image).
+    #[cfg_attr(not(feature = "dev"), command(hide = true))]
     Dev(DevArgs),
 }
 
