@@ -161,19 +161,20 @@ async fn accept_batch_inner(
     let mut messages = Vec::with_capacity(items.len());
     let mut keys = HashSet::new();
     for (index, item) in items.into_iter().enumerate() {
-        let path = format!("messages[{index}].");
         let mut message = validate::batch_item(item, index, state.partitions)?;
         message.created_by = caller.name.as_deref().map(str::to_owned);
+        let key_field = || validate::At::Item(index).field("idempotency_key");
         if message.idempotency_key.is_none() && state.limits.require_idempotency_key {
+            let field = key_field();
             return Err(Problem::invalid_field(
-                format!("{path}idempotency_key"),
-                format!("`{path}idempotency_key` is required: this API requires a key on every message, so a retry can never store it twice"),
+                &field,
+                format!("`{field}` is required: this API requires a key on every message, so a retry can never store it twice"),
             ));
         }
         if let Some(key) = &message.idempotency_key {
             if !keys.insert(key.clone()) {
                 return Err(Problem::invalid_field(
-                    format!("{path}idempotency_key"),
+                    key_field(),
                     format!("idempotency key {key:?} appears twice in the batch"),
                 ));
             }

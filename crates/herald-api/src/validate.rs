@@ -19,8 +19,8 @@ use crate::wire::{BatchItem, ObjectOnly, SendRequest};
 pub const MAX_RECIPIENT_CHARS: usize = 320;
 pub const MAX_KEY_CHARS: usize = 255;
 
-/// Parses a body, a JSON object, into its wire type. Bytes that are not JSON are a 400 with the position;
-/// JSON that does not fit the type is a 422 naming the field by its path.
+/// Parses a body, a JSON object, into its wire type. Bytes that are not JSON are a 400 with
+/// the position; JSON that does not fit the type is a 422 naming the field by its path.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     let mut parser = serde_json::Deserializer::from_slice(bytes);
     let ObjectOnly(parsed) =
@@ -81,6 +81,24 @@ fn join(parent: &str, name: &str) -> String {
     }
 }
 
+/// Where a message sits in its request: the body itself, or the batch item at an index. A
+/// field's name is made from it only when there is a problem to name, not for every message.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum At {
+    Body,
+    Item(usize),
+}
+
+impl At {
+    /// `recipient` for a single message, `messages[3].recipient` for a batch item.
+    pub(crate) fn field(self, name: &str) -> String {
+        match self {
+            At::Body => name.to_owned(),
+            At::Item(index) => format!("messages[{index}].{name}"),
+        }
+    }
+}
+
 /// Validates a single message (`POST /v1/messages`); its key comes from the header.
 pub fn send_request(
     request: SendRequest,
@@ -88,7 +106,7 @@ pub fn send_request(
     partitions: PartitionCount,
 ) -> Result<NewMessage, Problem> {
     new_message(
-        "$",
+        At::Body,
         request.recipient,
         request.body,
         request.partition_key,
@@ -104,7 +122,7 @@ pub fn batch_item(
     partitions: PartitionCount,
 ) -> Result<NewMessage, Problem> {
     new_message(
-        &format!("messages[{index}]"),
+        At::Item(index),
         item.recipient,
         item.body,
         item.partition_key,
@@ -114,33 +132,34 @@ pub fn batch_item(
 }
 
 fn new_message(
-    at: &str,
+    at: At,
     recipient: String,
     body: Value,
     partition_key: Option<String>,
     idempotency_key: Option<String>,
     partitions: PartitionCount,
 ) -> Result<NewMessage, Problem> {
-    check_text(&join(at, "recipient"), &recipient, MAX_RECIPIENT_CHARS)?;
-    let body_at = join(at, "body");
+    check_text(at, "recipient", &recipient, MAX_RECIPIENT_CHARS)?;
     if body.is_null() {
+        let field = at.field("body");
         return Err(Problem::invalid_field(
-            &body_at,
-            format!("`{body_at}` must not be null"),
+            &field,
+            format!("`{field}` must not be null"),
         ));
     }
-    if let Some(field) = nul_in(&body, &body_at) {
+    if let Some(inner) = nul_in(&body) {
+        let field = format!("{}{inner}", at.field("body"));
         return Err(Problem::invalid_field(
             &field,
             format!("`{field}` contains a NUL character (\\u0000), which cannot be stored"),
         ));
     }
     if let Some(key) = &partition_key {
-        check_text(&join(at, "partition_key"), key, MAX_KEY_CHARS)?;
+        check_text(at, "partition_key", key, MAX_KEY_CHARS)?;
     }
     if let Some(key) = &idempotency_key {
         check_key(key)
-            .map_err(|detail| Problem::invalid_field(join(at, "idempotency_key"), detail))?;
+            .map_err(|detail| Problem::invalid_field(at.field("idempotency_key"), detail))?;
     }
     let routing = partition_key.as_deref().unwrap_or(&recipient);
     Ok(NewMessage {
@@ -168,34 +187,38 @@ pub fn check_key(key: &str) -> Result<(), String> {
 }
 
 /// Text that must not be blank, must fit `max_chars`, and must not hold a NUL character.
-fn check_text(field: &str, text: &str, max_chars: usize) -> Result<(), Problem> {
+fn check_text(at: At, name: &str, text: &str, max_chars: usize) -> Result<(), Problem> {
+    let field = || at.field(name);
     let detail = if text.trim().is_empty() {
-        format!("`{field}` must not be empty")
+        format!("`{}` must not be empty", field())
     } else if text.contains('\0') {
-        format!("`{field}` contains a NUL character (\\u0000), which cannot be stored")
+        format!(
+            "`{}` contains a NUL character (\\u0000), which cannot be stored",
+            field()
+        )
     } else if text.chars().count() > max_chars {
-        format!("`{field}` is longer than {max_chars} characters")
+        format!("`{}` is longer than {max_chars} characters", field())
     } else {
         return Ok(());
     };
-    Err(Problem::invalid_field(field, detail))
+    Err(Problem::invalid_field(field(), detail))
 }
 
-/// The path of the first string or object key under `value` that holds a NUL character:
-/// PostgreSQL's text and jsonb cannot store one, so such a request can never succeed.
-fn nul_in(value: &Value, path: &str) -> Option<String> {
+/// The path below `value` (`.parts[1]`, `` for the value itself) of the first string or
+/// object key that holds a NUL character: PostgreSQL's text and jsonb cannot store one, so
+/// such a request can never succeed. The path is made only for a value that holds one.
+fn nul_in(value: &Value) -> Option<String> {
     match value {
-        Value::String(text) if text.contains('\0') => Some(path.to_owned()),
+        Value::String(text) if text.contains('\0') => Some(String::new()),
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .find_map(|(i, item)| nul_in(item, &format!("{path}[{i}]"))),
+            .find_map(|(i, item)| nul_in(item).map(|below| format!("[{i}]{below}"))),
         Value::Object(fields) => fields.iter().find_map(|(key, item)| {
-            let inner = format!("{path}.{key}");
             if key.contains('\0') {
-                Some(inner)
+                Some(format!(".{key}"))
             } else {
-                nul_in(item, &inner)
+                nul_in(item).map(|below| format!(".{key}{below}"))
             }
         }),
         _ => None,

@@ -289,7 +289,7 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
             "recipient refused by the provider (injected rejection, no effect)",
         );
     }
-    let answer = match sim.record.lock().await.submit(&key).await {
+    let answer = match sim.record.lock().await.submit(&key) {
         Ok(answer) => answer,
         Err(err) => {
             tracing::error!(error = %err, "cannot append to the submit log");

@@ -163,7 +163,7 @@ impl Sender {
         let gateway = answer.gateway.clone();
         let key = key.to_owned();
         tokio::spawn(async move {
-            if let Err(err) = sender.record.lock().await.plan_receipts(&key, plan).await {
+            if let Err(err) = sender.record.lock().await.plan_receipts(&key, plan) {
                 tracing::error!(error = %err, "cannot append the receipt plan to the submit log");
             }
             for body in bodies {

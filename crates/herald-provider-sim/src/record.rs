@@ -121,7 +121,7 @@ impl Record {
 
     /// Takes a submit: the first answer of a known key, or a new provider id. Its log line
     /// is written (handed to the operating system) before the answer is returned.
-    pub async fn submit(&mut self, key: &str) -> anyhow::Result<SubmitAnswer> {
+    pub fn submit(&mut self, key: &str) -> anyhow::Result<SubmitAnswer> {
         let (answer, n) = match self.answers.get(key) {
             Some((first, count)) => (
                 SubmitAnswer {
@@ -153,7 +153,7 @@ impl Record {
         };
         let mut bytes = serde_json::to_vec(&line)?;
         bytes.push(b'\n');
-        self.append(&bytes).await?;
+        self.append(&bytes)?;
         self.replay(line);
         Ok(answer)
     }
@@ -174,13 +174,13 @@ impl Record {
     /// each one to tokio's blocking pool, as this did, cost two thread switches per line: in
     /// a 200,000-message drain 31 % of the simulator's CPU samples were in the scheduler's
     /// task switch (`perf`), 0.10 CPU s per 1,000 messages in all (loadtest/README.md).
-    async fn append(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+    fn append(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         self.log.write_all(bytes)?;
         Ok(())
     }
 
     /// Records, before any is posted, the receipts a first submit of `key` gets.
-    pub async fn plan_receipts(
+    pub fn plan_receipts(
         &mut self,
         key: &str,
         receipts: Vec<PlannedReceipt>,
@@ -191,7 +191,7 @@ impl Record {
         };
         let mut bytes = serde_json::to_vec(&line)?;
         bytes.push(b'\n');
-        self.append(&bytes).await?;
+        self.append(&bytes)?;
         self.receipts.insert(line.key, line.receipts);
         Ok(())
     }
@@ -263,13 +263,13 @@ mod tests {
         let path = dir.path().join("log.jsonl");
         let gateways = vec!["a".to_owned(), "b".to_owned()];
         let mut record = Record::open(&path, &gateways, 3).unwrap();
-        let first = record.submit("k1").await.unwrap();
-        let again = record.submit("k1").await.unwrap();
+        let first = record.submit("k1").unwrap();
+        let again = record.submit("k1").unwrap();
         assert_eq!(first.provider_id, again.provider_id);
         assert!(again.duplicate && !first.duplicate);
         let mut ids_by_gateway: HashMap<String, Vec<u32>> = HashMap::new();
         for i in 0..40 {
-            let answer = record.submit(&format!("key-{i}")).await.unwrap();
+            let answer = record.submit(&format!("key-{i}")).unwrap();
             ids_by_gateway
                 .entry(answer.gateway)
                 .or_default()
@@ -288,7 +288,7 @@ mod tests {
 
         let mut reopened = Record::open(&path, &gateways, 3).unwrap();
         assert_eq!(reopened.stats(), stats);
-        let replay = reopened.submit("k1").await.unwrap();
+        let replay = reopened.submit("k1").unwrap();
         assert_eq!(replay.provider_id, first.provider_id);
         assert!(reopened.key_counts().contains("k1 3\n"));
     }
