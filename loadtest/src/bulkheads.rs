@@ -190,7 +190,7 @@ async fn scenario_run(
             partitions,
             herald_api::Limits::default(),
             credentials,
-            herald_api::DEFAULT_GROUPS,
+            herald_api::Groups::default(),
         )),
         cancel.clone(),
     )

@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod auth;
+pub mod config;
 pub mod guard;
 mod handlers;
 pub mod metrics;
@@ -15,6 +16,8 @@ pub mod operations;
 pub mod problem;
 pub mod validate;
 pub mod wire;
+
+pub use config::ApiConfig;
 
 use std::sync::Arc;
 
@@ -44,19 +47,12 @@ pub struct Limits {
     pub rate_limit: Option<guard::RateLimit>,
 }
 
-/// The default of `--request-timeout`: well past a healthy commit (milliseconds) and a group's
-/// wait, well inside the 30 s a client or load balancer usually waits.
-pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 impl Default for Limits {
+    /// The limits of `herald api`'s defaults.
     fn default() -> Self {
-        Self {
-            max_body_bytes: 256 * 1024,
-            max_batch: 1000,
-            require_idempotency_key: false,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            rate_limit: None,
-        }
+        config::ApiConfig::default()
+            .limits()
+            .expect("the default limits are valid")
     }
 }
 
@@ -79,28 +75,9 @@ pub struct ApiState {
     pub rate_limiter: Option<Arc<guard::CallerLimiter>>,
 }
 
-/// How concurrent accepts share transactions. Chosen with `herald-loadtest accept` (32
-/// clients, durable): one and two groups at once measured equal within noise, four 16 % slower
-/// (smaller groups, more PostgreSQL CPU per message); two keeps one slow group (waiting on a key
-/// an open batch holds) from stalling every single accept.
 /// Most receipts one receipt group commits (plus one request's): 256 batch requests of 100
 /// receipts each would otherwise be one 25,600-row transaction.
 pub const RECEIPT_GROUP_ROWS: usize = 2_000;
-
-/// No linger: a client waits for its answer, and concurrent clients gather a group anyway.
-pub const DEFAULT_GROUP: GroupSettings = GroupSettings {
-    max_group: 256,
-    parallel: 2,
-    linger: std::time::Duration::ZERO,
-};
-
-/// How long a receipt group that starts alone waits for more receipt requests. A gateway
-/// waits for its 202 no matter how long the commit takes it, and receipts that commit
-/// together share their status jobs (one outbox row, one claim, one queue entry per
-/// [`RECEIPTS_PER_JOB`] receipts): without a linger, a receipt group at 1,200 messages a
-/// second held about five receipts, and the status jobs were 0.3 outbox rows per message
-/// (loadtest/README.md).
-pub const DEFAULT_RECEIPT_LINGER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The settings of the API's two group writers.
 #[derive(Debug, Clone, Copy)]
@@ -111,13 +88,14 @@ pub struct Groups {
     pub receipts: GroupSettings,
 }
 
-pub const DEFAULT_GROUPS: Groups = Groups {
-    accepts: DEFAULT_GROUP,
-    receipts: GroupSettings {
-        linger: DEFAULT_RECEIPT_LINGER,
-        ..DEFAULT_GROUP
-    },
-};
+impl Default for Groups {
+    /// The groups of `herald api`'s defaults.
+    fn default() -> Self {
+        config::ApiConfig::default()
+            .groups()
+            .expect("the default groups are valid")
+    }
+}
 
 /// Partitions written within this long of each other share one NOTIFY statement.
 pub const WAKEUP_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);

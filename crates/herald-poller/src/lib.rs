@@ -4,6 +4,7 @@
 //! NOTIFY from the accept path or the poll interval. A separate loop re-drives rows that were
 //! claimed or published but never confirmed. Every write carries the partition's fence.
 
+pub mod config;
 pub mod fleet;
 pub mod metrics;
 pub mod ownership;
@@ -59,18 +60,9 @@ pub struct PollerSettings {
 }
 
 impl Default for PollerSettings {
+    /// The settings of `herald poller`'s defaults.
     fn default() -> Self {
-        Self {
-            batch_size: 500,
-            max_batches_per_tick: 20,
-            poll_interval: Duration::from_millis(500),
-            idle_poll_interval: Duration::from_secs(2),
-            redrive_interval: Duration::from_secs(15),
-            stale_after: Duration::from_secs(120),
-            publish_backoff: Duration::from_secs(1),
-            publish_concurrency: 0,
-            linger: herald_store::group::DEFAULT_LINGER,
-        }
+        config::PollerConfig::default().settings()
     }
 }
 

@@ -9,6 +9,7 @@
 //! a log file before it is answered, so delivery can be proven after any crash, and the log is
 //! read back on start.
 
+pub mod config;
 mod receipts;
 mod record;
 
@@ -63,22 +64,40 @@ pub struct SimSettings {
 }
 
 impl Default for SimSettings {
+    /// The behaviour of `herald provider-sim`'s defaults.
     fn default() -> Self {
-        Self {
-            gateways: vec!["gw-a".to_owned(), "gw-b".to_owned()],
-            id_wrap: 65_535,
-            latency: Duration::ZERO,
-            jitter: Duration::ZERO,
-            error_rate: 0.0,
-            timeout_rate: 0.0,
-            timeout_delay: Duration::from_secs(30),
-            reject_rate: 0.0,
-            refuse_status: None,
-            log_path: PathBuf::from("provider-sim-submits.jsonl"),
-            callback_url: None,
-            receipt_secrets: ReceiptSecrets::default(),
-            receipts: ReceiptRates::default(),
+        config::SimConfig::default()
+            .settings()
+            .expect("the default settings read no secret")
+    }
+}
+
+impl SimSettings {
+    /// Checks every setting: rates within 0..=1, a refusal status that is an error status.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let settings = self;
+        anyhow::ensure!(
+            !settings.gateways.is_empty(),
+            "at least one gateway is needed"
+        );
+        anyhow::ensure!(settings.id_wrap > 0, "id wrap must be at least 1");
+        for (name, rate) in [
+            ("error", settings.error_rate),
+            ("timeout", settings.timeout_rate),
+            ("reject", settings.reject_rate),
+        ] {
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&rate),
+                "{name} rate must be within 0..=1, got {rate}"
+            );
         }
+        if let Some(status) = settings.refuse_status {
+            anyhow::ensure!(
+                (400..=599).contains(&status),
+                "the refusal status must be a 4xx or 5xx, got {status}"
+            );
+        }
+        settings.receipts.validate()
     }
 }
 
@@ -147,28 +166,7 @@ impl Drop for InProgress {
 
 /// Builds the simulator's router; the log is opened (and read back) here.
 pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
-    anyhow::ensure!(
-        !settings.gateways.is_empty(),
-        "at least one gateway is needed"
-    );
-    anyhow::ensure!(settings.id_wrap > 0, "id wrap must be at least 1");
-    for (name, rate) in [
-        ("error", settings.error_rate),
-        ("timeout", settings.timeout_rate),
-        ("reject", settings.reject_rate),
-    ] {
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&rate),
-            "{name} rate must be within 0..=1, got {rate}"
-        );
-    }
-    if let Some(status) = settings.refuse_status {
-        anyhow::ensure!(
-            (400..=599).contains(&status),
-            "the refusal status must be a 4xx or 5xx, got {status}"
-        );
-    }
-    settings.receipts.validate()?;
+    settings.validate()?;
     // A deployment's secrets may cover more gateways than this simulator runs (one secret set
     // for several simulators): those are unused, not wrong.
     for gateway in settings.receipt_secrets.0.keys() {

@@ -4,6 +4,7 @@
 //! consumer group, and acknowledged *and deleted* once handled, so the stream holds only
 //! work in flight.
 
+pub mod config;
 pub mod metrics;
 pub mod monitor;
 

@@ -9,6 +9,7 @@ mod sql;
 
 pub mod accept;
 pub mod backlog;
+pub mod config;
 pub mod effects;
 pub mod group;
 pub mod leases;

@@ -7,15 +7,24 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use std::time::Duration;
 
+use anyhow::Context;
+use herald_api::ApiConfig;
+use herald_core::JobType;
+use herald_poller::config::PollerConfig;
+use herald_provider_sim::config::SimConfig;
+use herald_worker::config::WorkerConfig;
+
+use crate::config::write_role_config;
 use crate::{
     free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
     RoleProcess,
 };
 
-/// The shape of a local deployment. Extra flags are added to each role's command line and
-/// replace the deployment's own setting of the same flag.
+/// The shape of a local deployment. Each role runs with its typed configuration (written as
+/// its `--config` file); extra flags are added to its command line and win over the
+/// deployment's own setting of the same flag.
 #[derive(Debug, Clone)]
 pub struct DeploymentOptions {
     /// The `herald` binary whose subcommands run the roles.
@@ -27,8 +36,8 @@ pub struct DeploymentOptions {
     pub pollers: usize,
     /// PostgreSQL with fsync and synchronous commit (as `herald dev` runs it).
     pub durable: bool,
-    /// Shorter recovery timers ([`quick_recovery_flags`]) so chaos is recovered within a short
-    /// run; off, every role runs with Herald's defaults.
+    /// Shorter recovery timers ([`quick_recovery_poller`], [`quick_recovery_worker`]) so chaos
+    /// is recovered within a short run; off, every role runs with Herald's defaults.
     pub quick_recovery: bool,
     pub api_flags: Vec<String>,
     pub poller_flags: Vec<String>,
@@ -55,41 +64,22 @@ impl DeploymentOptions {
     }
 }
 
-/// Flags that make recovery from chaos fit in a short run: a short etcd lease, quick
+/// Settings that make recovery from chaos fit in a short run: a short etcd lease, quick
 /// re-drives of lost rows, short claim leases, quick reclaim of a dead worker's entries. They
 /// change how fast Herald notices a failure, not how fast it moves messages: a job waiting in
 /// its stream is never re-driven, however long it waits.
-pub fn quick_recovery_flags(role: &str) -> Vec<String> {
-    let flags: &[&str] = match role {
-        "poller" => &[
-            "--lease-ttl",
-            "3s",
-            "--redrive-interval",
-            "1s",
-            "--stale-after",
-            "20s",
-            "--drain-timeout",
-            "5s",
-        ],
-        "worker" => &[
-            "--reclaim-idle",
-            "3s",
-            "--provider-timeout",
-            "5s",
-            "--claim-lease",
-            "8s",
-        ],
-        _ => &[],
-    };
-    flags.iter().map(|f| (*f).to_owned()).collect()
+pub fn quick_recovery_poller(poller: &mut PollerConfig) {
+    poller.lease_ttl = Duration::from_secs(3);
+    poller.redrive_interval = Duration::from_secs(1);
+    poller.stale_after = Duration::from_secs(20);
+    poller.drain_timeout = Duration::from_secs(5);
 }
 
-fn quick(options: &DeploymentOptions, role: &str) -> Vec<String> {
-    if options.quick_recovery {
-        quick_recovery_flags(role)
-    } else {
-        Vec::new()
-    }
+/// The workers' part of [`quick_recovery_poller`].
+pub fn quick_recovery_worker(worker: &mut WorkerConfig) {
+    worker.reclaim_idle = Duration::from_secs(3);
+    worker.provider_timeout = Duration::from_secs(5);
+    worker.claim_lease = Duration::from_secs(8);
 }
 
 /// One role of the deployment: its process and the base URL of its `/metrics`.
@@ -193,88 +183,93 @@ impl LocalDeployment {
         Ok(deployment)
     }
 
+    /// Starts every role from its typed configuration (written as the role's `--config`
+    /// file), with the caller's extra flags on top.
     async fn start_roles(&mut self, options: &DeploymentOptions) -> anyhow::Result<()> {
         let (send, status) = (self.send_redis.url(), self.status_redis.url());
-        let sim_listen = address(&self.sim_url);
-        let api_listen = address(&self.api_url);
-        let sim = merge_flags(
-            &[
-                strings(&["provider-sim", "--listen", &sim_listen]),
-                strings(&["--log-path", path_str(&self.sim_log)?]),
-                strings(&["--callback-url", &self.api_url]),
-            ]
-            .concat(),
-            &options.sim_flags,
-        );
+        let sim = SimConfig {
+            listen: address(&self.sim_url)?,
+            log_path: self.sim_log.clone(),
+            callback_url: Some(self.api_url.clone()),
+            ..SimConfig::default()
+        };
         let sim_url = self.sim_url.clone();
-        self.spawn(options, "provider-sim", sim, sim_url).await?;
+        let sim_flags = &options.sim_flags;
+        self.spawn(
+            options,
+            "provider-sim",
+            "provider-sim",
+            &sim,
+            sim_flags,
+            sim_url,
+        )
+        .await?;
 
-        let api = merge_flags(
-            &[
-                strings(&["api", "--listen", &api_listen]),
-                strings(&["--redis-send-url", &send, "--redis-status-url", &status]),
-                strings(&["--database-max-connections", "32"]),
-            ]
-            .concat(),
-            &options.api_flags,
-        );
+        let mut api = ApiConfig::new(&self.runtime_database_url);
+        api.listen = address(&self.api_url)?;
+        api.database.database_max_connections = 32;
+        api.redis_send_url = vec![send.clone()];
+        api.redis_status_url = vec![status.clone()];
         let api_url = self.api_url.clone();
-        self.spawn(options, "api", api, api_url).await?;
+        self.spawn(options, "api", "api", &api, &options.api_flags, api_url)
+            .await?;
 
         for i in 0..options.pollers.max(1) {
             let admin = format!("http://127.0.0.1:{}", free_port()?);
-            let poller = [
-                strings(&["poller", "--poller-id", &format!("poller-{i}")]),
-                strings(&["--admin-listen", &address(&admin)]),
-                strings(&["--redis-send-url", &send, "--redis-status-url", &status]),
-                strings(&["--etcd-endpoints", &self.etcd.endpoint()]),
-                strings(&["--database-max-connections", "24"]),
-                quick(options, "poller"),
-            ]
-            .concat();
-            let poller = merge_flags(&poller, &options.poller_flags);
-            self.spawn(options, &format!("poller-{i}"), poller, admin)
+            let mut poller = PollerConfig::new(&self.runtime_database_url, &send, &status);
+            poller.poller_id = Some(format!("poller-{i}"));
+            poller.admin_listen = address(&admin)?;
+            poller.etcd_endpoints = vec![self.etcd.endpoint()];
+            poller.database.database_max_connections = 24;
+            if options.quick_recovery {
+                quick_recovery_poller(&mut poller);
+            }
+            let name = format!("poller-{i}");
+            let flags = &options.poller_flags;
+            self.spawn(options, &name, "poller", &poller, flags, admin)
                 .await?;
         }
 
         for (job_type, redis, extra) in [
-            ("send", &send, &options.send_worker_flags),
-            ("status", &status, &options.status_worker_flags),
+            (JobType::Send, &send, &options.send_worker_flags),
+            (JobType::Status, &status, &options.status_worker_flags),
         ] {
             let admin = format!("http://127.0.0.1:{}", free_port()?);
-            let mut worker = [
-                strings(&["worker", "--job-type", job_type, "--redis-url", redis]),
-                strings(&["--admin-listen", &address(&admin)]),
-                strings(&["--worker-id", &format!("{job_type}-worker")]),
-                strings(&["--database-max-connections", "32"]),
-                quick(options, "worker"),
-            ]
-            .concat();
-            if job_type == "send" {
-                worker.extend(strings(&["--provider-url", &self.sim_url]));
+            let mut worker = WorkerConfig::new(job_type, &self.runtime_database_url, redis);
+            worker.admin_listen = address(&admin)?;
+            worker.worker_id = Some(format!("{job_type}-worker"));
+            worker.database.database_max_connections = 32;
+            if job_type == JobType::Send {
+                worker.provider_url = Some(self.sim_url.clone());
             }
-            let worker = merge_flags(&worker, extra);
-            self.spawn(options, &format!("{job_type}-worker"), worker, admin)
+            if options.quick_recovery {
+                quick_recovery_worker(&mut worker);
+            }
+            let name = format!("{job_type}-worker");
+            self.spawn(options, &name, "worker", &worker, extra, admin)
                 .await?;
         }
         Ok(())
     }
 
-    async fn spawn(
+    /// Starts `herald <subcommand> --config <its file> <extra…>` as `name`: the file holds
+    /// `config`, the caller's flags win over it, and the keys and secrets come from the
+    /// environment, as in a deployment.
+    async fn spawn<T: serde::Serialize>(
         &mut self,
         options: &DeploymentOptions,
         name: &str,
-        args: Vec<String>,
+        subcommand: &str,
+        config: &T,
+        extra: &[String],
         admin_url: String,
     ) -> anyhow::Result<()> {
-        let mut env = vec![
-            (
-                "HERALD_DATABASE_URL".to_owned(),
-                self.runtime_database_url.clone(),
-            ),
-            ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
-        ];
-        let subcommand = args.first().map(String::as_str).unwrap_or_default();
+        let file = self.dir.join("config").join(format!("{name}.toml"));
+        write_role_config(config, &file)?;
+        let mut args = vec![subcommand.to_owned(), "--config".to_owned()];
+        args.push(path_str(&file)?.to_owned());
+        args.extend(extra.iter().cloned());
+        let mut env = vec![("HERALD_LOG_FORMAT".to_owned(), "json".to_owned())];
         env.extend(self.keys.env_for(subcommand));
         let process = RoleProcess::spawn(
             &options.herald_bin,
@@ -372,66 +367,14 @@ impl LocalDeployment {
     }
 }
 
-/// `base` without the flags `extra` sets, then `extra`: a flag given twice is an error for
-/// the roles' command line, so the caller's wins by replacing ours.
-pub fn merge_flags(base: &[String], extra: &[String]) -> Vec<String> {
-    let named = |flag: &str| {
-        extra
-            .iter()
-            .any(|e| e == flag || e.starts_with(&format!("{flag}=")))
-    };
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < base.len() {
-        let flag = base[i].split('=').next().unwrap_or_default().to_owned();
-        let takes_value =
-            !base[i].contains('=') && base.get(i + 1).is_some_and(|next| !next.starts_with("--"));
-        let width = if takes_value { 2 } else { 1 };
-        if !(flag.starts_with("--") && named(&flag)) {
-            out.extend(base[i..i + width].iter().cloned());
-        }
-        i += width;
-    }
-    out.extend(extra.iter().cloned());
-    out
-}
-
-fn strings(parts: &[&str]) -> Vec<String> {
-    parts.iter().map(|p| (*p).to_owned()).collect()
-}
-
-/// `host:port` of an `http://host:port` URL.
-fn address(url: &str) -> String {
-    url.trim_start_matches("http://").to_owned()
+/// The socket address of an `http://host:port` URL.
+fn address(url: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let host_port = url.trim_start_matches("http://");
+    host_port
+        .parse()
+        .with_context(|| format!("{host_port:?} is no socket address"))
 }
 
 fn path_str(path: &Path) -> anyhow::Result<&str> {
     path.to_str().context("non-UTF-8 path")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_flag_given_by_the_caller_replaces_ours() {
-        let base = strings(&[
-            "poller",
-            "--stale-after",
-            "20s",
-            "--lease-ttl=3s",
-            "--fleet",
-        ]);
-        let extra = strings(&["--stale-after=2m", "--lease-ttl", "10s"]);
-        assert_eq!(
-            merge_flags(&base, &extra),
-            strings(&[
-                "poller",
-                "--fleet",
-                "--stale-after=2m",
-                "--lease-ttl",
-                "10s"
-            ])
-        );
-    }
 }

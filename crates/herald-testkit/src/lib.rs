@@ -4,6 +4,7 @@
 //! the same port and data, and Herald's roles run as separate processes of the built binary
 //! so a test can kill -9, SIGTERM, SIGSTOP or restart them.
 
+pub mod config;
 pub mod deployment;
 pub mod etcd;
 pub mod keys;

@@ -49,6 +49,13 @@ impl Managed {
             .open(&self.launch.log)
             .with_context(|| format!("opening {}", self.launch.log.display()))?;
         let mut command = Command::new(&self.launch.program);
+        // A HERALD_* variable of the caller's environment would win over a role's --config
+        // file: every setting of a process comes from its launch alone.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("HERALD_") {
+                command.env_remove(key);
+            }
+        }
         command
             .args(&self.launch.args)
             .envs(self.launch.env.iter().cloned())

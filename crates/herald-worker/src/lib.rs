@@ -4,6 +4,7 @@
 //! handler recorded an outcome in PostgreSQL; entries a dead consumer left behind are
 //! reclaimed after an idle timeout.
 
+pub mod config;
 pub mod metrics;
 pub mod provider;
 pub mod recorder;

@@ -71,17 +71,9 @@ impl SendSettings {
 }
 
 impl Default for SendSettings {
+    /// The settings of `herald worker --job-type send`'s defaults.
     fn default() -> Self {
-        Self {
-            max_attempts: 10,
-            retry_base: Duration::from_millis(500),
-            retry_max: Duration::from_secs(60),
-            max_group: 256,
-            worker: "worker".to_owned(),
-            blocked_recipients: Default::default(),
-            claim_lease: Duration::from_secs(30),
-            linger: herald_store::group::DEFAULT_LINGER,
-        }
+        crate::config::WorkerConfig::default().send_settings("worker")
     }
 }
 

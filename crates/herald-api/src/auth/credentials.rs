@@ -218,26 +218,7 @@ fn check_secret(what: &'static str, name: &str, secret: &str) -> Result<(), Cred
     Ok(())
 }
 
-/// Reads `NAME=SECRET` pairs separated by commas or line breaks (the form of the environment
-/// variables and of their files); blank entries and lines starting with `#` are skipped. The
-/// secret is everything after the first `=`.
-pub fn parse_pairs(text: &str) -> Result<Vec<(String, String)>, String> {
-    text.split([',', '\n'])
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty() && !entry.starts_with('#'))
-        .enumerate()
-        .map(|(index, entry)| match entry.split_once('=') {
-            Some((name, secret)) if !name.trim().is_empty() && !secret.trim().is_empty() => {
-                Ok((name.trim().to_owned(), secret.trim().to_owned()))
-            }
-            Some((name, _)) if !name.trim().is_empty() => {
-                Err(format!("{:?} has nothing after '='", name.trim()))
-            }
-            // The entry is not shown: it may be a secret given without its name.
-            _ => Err(format!("entry {} is not NAME=SECRET", index + 1)),
-        })
-        .collect()
-}
+pub use herald_core::config::parse_pairs;
 
 #[cfg(test)]
 mod tests {

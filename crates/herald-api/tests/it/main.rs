@@ -44,7 +44,7 @@ impl TestApi {
             PartitionCount::new(8).unwrap(),
             limits,
             credentials,
-            herald_api::DEFAULT_GROUPS,
+            herald_api::Groups::default(),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

@@ -67,7 +67,7 @@ async fn a_connection_lost_after_the_insert_was_sent_is_answered_as_unknown_not_
         PartitionCount::new(8).unwrap(),
         Limits::default(),
         herald_api::auth::Credentials::open_for_development(),
-        herald_api::DEFAULT_GROUPS,
+        herald_api::Groups::default(),
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -3,96 +3,48 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use herald_api::auth::{CredentialError, Credentials, Scope};
-use herald_api::{ApiState, Limits};
+use herald_api::auth::{Credentials, Scope};
+use herald_api::{ApiConfig, ApiState};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{print_config, read_secret, ApiArgs, ApiAuthArgs, ConfigError};
+use crate::cli::{print_config, ApiArgs};
 use crate::{shutdown, telemetry};
 
 pub async fn main(args: ApiArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
+    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
-    run(args, shutdown::on_signal()).await?;
+    run(args.config, shutdown::on_signal()).await?;
     Ok(0)
 }
 
-pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()> {
-    if args.max_batch == 0
-        || args.max_body_bytes == 0
-        || args.group_max == 0
-        || args.group_parallel == 0
-    {
-        return Err(ConfigError(
-            "--max-batch, --max-body-bytes, --group-max and --group-parallel must be at least 1"
-                .into(),
-        )
-        .into());
-    }
-    if args.request_timeout.is_zero() {
-        return Err(ConfigError("--request-timeout must be more than 0".into()).into());
-    }
-    let rate_limit = match (
-        std::num::NonZeroU32::new(args.rate_limit),
-        args.rate_limit_burst,
-    ) {
-        (None, None) => None,
-        (None, Some(_)) => {
-            return Err(ConfigError("--rate-limit-burst needs a --rate-limit".into()).into())
-        }
-        (Some(per_second), burst) => Some(herald_api::guard::RateLimit {
-            per_second,
-            burst: std::num::NonZeroU32::new(burst.unwrap_or(per_second.get()))
-                .ok_or_else(|| ConfigError("--rate-limit-burst must be at least 1".into()))?,
-        }),
-    };
-    let credentials = credentials(&args.auth)?;
-    let redis_tls = args.redis_tls.load()?;
+pub async fn run(config: ApiConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    // Every rule and file is checked before anything connects: a bad one is a configuration
+    // error.
+    let limits = config.limits()?;
+    let groups = config.groups()?;
+    let credentials = config.credentials()?;
+    let redis_tls = config.redis_tls.load()?;
     let metrics = telemetry::init_metrics()?;
-    let pool = super::connect(&args.database, false).await?;
+    let pool = super::connect(&config.database, false).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
-    let state = ApiState::new(
-        pool.clone(),
-        partitions,
-        Limits {
-            max_body_bytes: args.max_body_bytes,
-            max_batch: args.max_batch,
-            require_idempotency_key: args.require_idempotency_key,
-            request_timeout: args.request_timeout,
-            rate_limit,
-        },
-        credentials,
-        {
-            let accepts = herald_store::group::GroupSettings {
-                max_group: args.group_max,
-                parallel: args.group_parallel,
-                linger: std::time::Duration::ZERO,
-            };
-            herald_api::Groups {
-                accepts,
-                receipts: herald_store::group::GroupSettings {
-                    linger: args.receipt_linger,
-                    ..accepts
-                },
-            }
-        },
-    );
+    let state = ApiState::new(pool.clone(), partitions, limits, credentials, groups);
     announce(&state.credentials);
     // The queue stores are read for readiness only; the accept path never touches them.
     let monitors_cancel = cancel.child_token();
     let mut stores = Vec::new();
     for (urls, job_type) in [
-        (&args.redis_send_url, herald_core::JobType::Send),
-        (&args.redis_status_url, herald_core::JobType::Status),
+        (&config.redis_send_url, herald_core::JobType::Send),
+        (&config.redis_status_url, herald_core::JobType::Status),
     ] {
         if !urls.is_empty() {
             stores.extend(super::monitored_stores(
                 urls,
                 job_type,
                 2,
-                &args.pressure,
+                &config.pressure,
                 &redis_tls,
                 &monitors_cancel,
             )?);
@@ -105,7 +57,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
     tokio::spawn(export_backlog(
         pool.clone(),
         partitions.get(),
-        args.backlog_gauge_interval,
+        config.backlog_gauge_interval,
         monitors_cancel.clone(),
         exporting.clone(),
     ));
@@ -122,7 +74,7 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         telemetry::ROLE_GAUGE_INTERVAL,
         monitors_cancel,
     );
-    let serving = drain_after(cancel, args.shutdown_delay, draining);
+    let serving = drain_after(cancel, config.shutdown_delay, draining);
     let backlog = telemetry::Conditional {
         shown: exporting,
         names: &[
@@ -133,17 +85,17 @@ pub async fn run(args: ApiArgs, cancel: CancellationToken) -> anyhow::Result<()>
         ],
     };
     let admin = telemetry::admin_router(metrics, "api", readiness.clone(), Some(backlog));
-    match args.admin_listen {
+    match config.admin_listen {
         None => {
             let router = herald_api::router(state).merge(admin);
-            telemetry::serve(args.listen, router, serving).await
+            telemetry::serve(config.listen, router, serving).await
         }
         Some(admin_addr) => {
             // Probes on both ports (a load balancer may check the serving port); metrics only
             // on the admin port.
             let router = herald_api::router(state).merge(telemetry::probe_router(readiness));
             tokio::try_join!(
-                telemetry::serve(args.listen, router, serving.clone()),
+                telemetry::serve(config.listen, router, serving.clone()),
                 telemetry::serve(admin_addr, admin, serving)
             )?;
             Ok(())
@@ -174,64 +126,6 @@ fn drain_after(
         stop.cancel();
     });
     serving
-}
-
-/// The API's keys and receipt secrets, from the environment or their files; without any, the
-/// API refuses to start unless this is a development run.
-pub fn credentials(auth: &ApiAuthArgs) -> anyhow::Result<Credentials> {
-    let pairs = |value: &Option<String>, file: &Option<std::path::PathBuf>, variable: &str| {
-        let text = read_secret(value.as_deref(), file.as_deref(), variable)?;
-        herald_api::auth::parse_pairs(text.as_deref().unwrap_or_default())
-            .map_err(|err| ConfigError(format!("{variable}: {err}")))
-    };
-    let client = pairs(
-        &auth.client_keys,
-        &auth.client_keys_file,
-        "HERALD_API_CLIENT_KEYS",
-    )?;
-    let operator = pairs(
-        &auth.operator_keys,
-        &auth.operator_keys_file,
-        "HERALD_API_OPERATOR_KEYS",
-    )?;
-    let receipt = pairs(
-        &auth.receipt_secrets,
-        &auth.receipt_secrets_file,
-        "HERALD_RECEIPT_SECRETS",
-    )?;
-    let credentials = Credentials::new(
-        client,
-        operator,
-        receipt,
-        auth.receipt_signature_window,
-        auth.insecure_dev,
-    );
-    credentials.map_err(|err| ConfigError(explain(&err)).into())
-}
-
-/// What to set, for each way credentials can be refused.
-fn explain(err: &CredentialError) -> String {
-    let hint = match err {
-        CredentialError::NoKeys => {
-            "set HERALD_API_CLIENT_KEYS and/or HERALD_API_OPERATOR_KEYS to NAME=KEY pairs \
-             (comma-separated), or HERALD_API_CLIENT_KEYS_FILE / HERALD_API_OPERATOR_KEYS_FILE to \
-             files holding them"
-        }
-        CredentialError::NoReceiptSecrets => {
-            "set HERALD_RECEIPT_SECRETS to GATEWAY=SECRET pairs (comma-separated), one for every \
-             gateway that posts receipts, or HERALD_RECEIPT_SECRETS_FILE to a file holding them"
-        }
-        _ => return err.to_string(),
-    };
-    let renamed = if std::env::var_os("HERALD_API_KEYS").is_some() {
-        " (HERALD_API_KEYS is no longer read: give each of its keys a name and a scope)"
-    } else {
-        ""
-    };
-    format!(
-        "the API will not start without credentials: {err}; {hint}{renamed}. For a development \
-         run without credentials, pass --insecure-dev (HERALD_INSECURE_DEV=true)"
-    )
 }
 
 /// Logs what protects the API, and warns about what does not.

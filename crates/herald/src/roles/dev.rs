@@ -15,9 +15,14 @@ use herald_testkit::{
 };
 use tokio_util::sync::CancellationToken;
 
-use clap::Parser;
+use herald_api::ApiConfig;
+use herald_core::JobType;
+use herald_poller::config::PollerConfig;
+use herald_provider_sim::config::SimConfig;
+use herald_store::config::MigrateConfig;
+use herald_worker::config::WorkerConfig;
 
-use crate::cli::{Cli, Command, DevArgs, LogFormat};
+use crate::cli::{DevArgs, LogFormat};
 use crate::telemetry;
 
 pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
@@ -55,22 +60,14 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         etcd.endpoint()
     );
 
-    let Command::Migrate(mut migrate) = parse(&[
-        &[
-            "migrate",
-            "--database-url",
-            &database_url,
-            "--log-format",
-            "pretty",
-        ],
-        &["--partitions", &args.partitions.to_string()],
-    ])?
-    else {
-        unreachable!("parsed migrate")
-    };
+    // Each role's settings are its typed configuration, built here: the defaults a deployment
+    // gets, with this run's addresses, pool sizes and keys.
+    let mut migrate = MigrateConfig::new(&database_url);
+    migrate.partitions = args.partitions;
     migrate.runtime_role = Some(RUNTIME_ROLE.to_owned());
     migrate.runtime_role_password = Some(keys.runtime_password.clone());
-    super::migrate::run(migrate).await?;
+    migrate.check()?;
+    super::migrate::migrate(&migrate).await?;
 
     let cancel = CancellationToken::new();
     let api_addr = api_address(args.api_port)?;
@@ -80,105 +77,51 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     let status_admin = free_address()?;
     let api = format!("http://{api_addr}");
     let sim = format!("http://{sim_addr}");
-    let common = ["--log-format", "pretty"];
     let mut roles = tokio::task::JoinSet::new();
 
-    let sim_log = dir.join("provider-sim-submits.jsonl");
-    let Command::ProviderSim(mut sim_args) = parse(&[
-        &["provider-sim", "--listen", &sim_addr.to_string()],
-        &["--log-path", path(&sim_log)?, "--callback-url", &api],
-        &common[..],
-    ])?
-    else {
-        unreachable!("parsed provider-sim")
+    let sim_config = SimConfig {
+        listen: sim_addr,
+        log_path: dir.join("provider-sim-submits.jsonl"),
+        callback_url: Some(api.clone()),
+        receipt_secrets: Some(keys.receipt_secrets_value()),
+        ..SimConfig::default()
     };
-    sim_args.receipt_secrets = Some(keys.receipt_secrets_value());
-    roles.spawn(super::sim::run(sim_args, cancel.clone()));
+    sim_config.check()?;
+    roles.spawn(super::sim::run(sim_config, cancel.clone()));
 
-    let Command::Api(mut api_args) = parse(&[
-        &[
-            "api",
-            "--listen",
-            &api_addr.to_string(),
-            "--database-url",
-            &runtime_url,
-        ],
-        &["--database-max-connections", "32"],
-        &[
-            "--redis-send-url",
-            &send_redis.url(),
-            "--redis-status-url",
-            &status_redis.url(),
-        ],
-        &common[..],
-    ])?
-    else {
-        unreachable!("parsed api")
-    };
-    api_args.auth.client_keys = Some(format!("{CLIENT}={}", keys.client_key));
-    api_args.auth.operator_keys = Some(format!("{OPERATOR}={}", keys.operator_key));
-    api_args.auth.receipt_secrets = Some(keys.receipt_secrets_value());
-    roles.spawn(super::api::run(api_args, cancel.clone()));
+    let mut api_config = ApiConfig::new(&runtime_url);
+    api_config.listen = api_addr;
+    api_config.database.database_max_connections = 32;
+    api_config.redis_send_url = vec![send_redis.url()];
+    api_config.redis_status_url = vec![status_redis.url()];
+    api_config.auth.client_keys = Some(format!("{CLIENT}={}", keys.client_key));
+    api_config.auth.operator_keys = Some(format!("{OPERATOR}={}", keys.operator_key));
+    api_config.auth.receipt_secrets = Some(keys.receipt_secrets_value());
+    api_config.check()?;
+    roles.spawn(super::api::run(api_config, cancel.clone()));
 
-    let Command::Poller(poller_args) = parse(&[
-        &[
-            "poller",
-            "--database-url",
-            &runtime_url,
-            "--poller-id",
-            "dev-poller",
-        ],
-        &[
-            "--admin-listen",
-            &poller_admin.to_string(),
-            "--poll-interval",
-            "200ms",
-        ],
-        &[
-            "--redis-send-url",
-            &send_redis.url(),
-            "--redis-status-url",
-            &status_redis.url(),
-        ],
-        &[
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-            "--database-max-connections",
-            "24",
-        ],
-        &common[..],
-    ])?
-    else {
-        unreachable!("parsed poller")
-    };
-    roles.spawn(super::poller::run(poller_args, cancel.clone()));
+    let mut poller = PollerConfig::new(&runtime_url, send_redis.url(), status_redis.url());
+    poller.poller_id = Some("dev-poller".to_owned());
+    poller.admin_listen = poller_admin;
+    poller.poll_interval = Duration::from_millis(200);
+    poller.etcd_endpoints = vec![etcd.endpoint()];
+    poller.database.database_max_connections = 24;
+    poller.check()?;
+    roles.spawn(super::poller::run(poller, cancel.clone()));
 
     for (job_type, redis, admin) in [
-        ("send", &send_redis, send_admin),
-        ("status", &status_redis, status_admin),
+        (JobType::Send, &send_redis, send_admin),
+        (JobType::Status, &status_redis, status_admin),
     ] {
-        let Command::Worker(worker_args) = parse(&[
-            &[
-                "worker",
-                "--job-type",
-                job_type,
-                "--database-url",
-                &runtime_url,
-            ],
-            &[
-                "--redis-url",
-                &redis.url(),
-                "--admin-listen",
-                &admin.to_string(),
-            ],
-            &["--provider-url", &sim, "--database-max-connections", "32"],
-            &["--worker-id", &format!("dev-{job_type}-worker")],
-            &common[..],
-        ])?
-        else {
-            unreachable!("parsed worker")
-        };
-        roles.spawn(super::worker::run(worker_args, cancel.clone()));
+        let mut worker = WorkerConfig::new(job_type, &runtime_url, redis.url());
+        worker.admin_listen = admin;
+        worker.database.database_max_connections = 32;
+        worker.worker_id = Some(format!("dev-{job_type}-worker"));
+        if job_type == JobType::Send {
+            worker.provider_url = Some(sim.clone());
+        }
+        worker.check()?;
+        roles.spawn(super::worker::run(worker, cancel.clone()));
     }
 
     wait_healthy(&api, &mut roles).await?;
@@ -359,16 +302,6 @@ async fn wait_healthy(
 
 /// Role arguments parsed exactly as the command line would be, so `herald dev` runs every role
 /// with the same defaults and validation as production.
-fn parse(parts: &[&[&str]]) -> anyhow::Result<Command> {
-    let argv = std::iter::once("herald").chain(parts.iter().flat_map(|p| p.iter().copied()));
-    Ok(Cli::try_parse_from(argv)?.command)
-}
-
-fn path(path: &std::path::Path) -> anyhow::Result<&str> {
-    path.to_str()
-        .ok_or_else(|| anyhow::anyhow!("non-UTF-8 path {}", path.display()))
-}
-
 fn free_address() -> anyhow::Result<SocketAddr> {
     Ok(SocketAddr::from((
         [127, 0, 0, 1],

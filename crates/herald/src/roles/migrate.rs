@@ -1,41 +1,31 @@
 //! `herald migrate`.
 
-use herald_core::PartitionCount;
-
-use crate::cli::{print_config, read_secret, ConfigError, MigrateArgs};
+use crate::cli::{print_config, ConfigError, MigrateArgs};
 use crate::telemetry;
 
 pub async fn run(args: MigrateArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
+    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
-    let partitions =
-        PartitionCount::new(args.partitions).map_err(|err| ConfigError(err.to_string()))?;
-    let password = read_secret(
-        args.runtime_role_password.as_deref(),
-        args.runtime_role_password_file.as_deref(),
-        "HERALD_RUNTIME_ROLE_PASSWORD",
-    )?;
-    if password.is_some() && args.runtime_role.is_none() {
-        return Err(ConfigError(
-            "a runtime role password is set but no --runtime-role (HERALD_RUNTIME_ROLE) names the role".into(),
-        )
-        .into());
-    }
-    let pool = super::connect(&args.database, false).await?;
-    let locks = herald_store::migrate::LockPolicy {
-        lock_timeout: args.lock_timeout,
-        attempts: args.lock_attempts,
-    };
-    match herald_store::migrate::migrate_with_locks(&pool, partitions, locks).await {
+    migrate(&args.config).await?;
+    Ok(0)
+}
+
+/// Brings the schema up to date and sets up the runtime role, if one is named.
+pub async fn migrate(config: &herald_store::config::MigrateConfig) -> anyhow::Result<()> {
+    let partitions = config.partition_count()?;
+    let password = config.password()?;
+    let pool = super::connect(&config.database, false).await?;
+    match herald_store::migrate::migrate_with_locks(&pool, partitions, config.locks()).await {
         Ok(()) => tracing::info!(%partitions, "schema is up to date"),
         Err(err @ herald_store::StoreError::PartitionCountMismatch { .. }) => {
             return Err(ConfigError(err.to_string()).into())
         }
         Err(err) => return Err(err.into()),
     }
-    if let Some(role) = &args.runtime_role {
+    if let Some(role) = &config.runtime_role {
         use herald_store::runtime_role::{ensure_runtime_role, RuntimeRoleError};
         match ensure_runtime_role(&pool, role, password.as_deref()).await {
             Ok(()) => tracing::info!(role, "runtime role is set up"),
@@ -45,5 +35,5 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<i32> {
             Err(err) => return Err(ConfigError(err.to_string()).into()),
         }
     }
-    Ok(0)
+    Ok(())
 }

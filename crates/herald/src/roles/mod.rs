@@ -15,33 +15,27 @@ pub mod worker;
 use std::sync::Arc;
 
 use herald_core::JobType;
+use herald_queue::config::PressureConfig;
 use herald_queue::monitor::MonitoredStore;
 use herald_queue::{QueueStore, StoreSettings};
-use herald_store::PoolSettings;
+use herald_store::config::DatabaseConfig;
 use sqlx::PgPool;
 
-use crate::cli::{ConfigError, DatabaseArgs};
+use crate::cli::ConfigError;
 use crate::telemetry::Readiness;
 
 /// Opens the role's PostgreSQL pool. `generic_plans`: the role runs a few batched statements
 /// all the time (workers, pollers; see `herald_store::GENERIC_PLANS`).
-pub async fn connect(database: &DatabaseArgs, generic_plans: bool) -> anyhow::Result<PgPool> {
-    if database.database_max_connections == 0 {
-        return Err(ConfigError("--database-max-connections must be at least 1".to_owned()).into());
-    }
-    let pool = herald_store::connect(&PoolSettings {
-        url: database.database_url.clone(),
-        max_connections: database.database_max_connections,
-        acquire_timeout: std::time::Duration::from_secs(5),
-        generic_plans,
-    })
-    .await
-    .map_err(|err| {
-        anyhow::anyhow!(
-            "cannot connect to PostgreSQL at {}: {err}",
-            crate::cli::masked_url(&database.database_url)
-        )
-    })?;
+pub async fn connect(database: &DatabaseConfig, generic_plans: bool) -> anyhow::Result<PgPool> {
+    database.check()?;
+    let pool = herald_store::connect(&database.pool(generic_plans))
+        .await
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {}: {err}",
+                crate::cli::masked_url(&database.database_url)
+            )
+        })?;
     Ok(pool)
 }
 
@@ -70,13 +64,11 @@ pub fn monitored_stores(
     urls: &[String],
     job_type: JobType,
     max_connections: usize,
-    pressure: &crate::cli::PressureArgs,
+    pressure: &PressureConfig,
     tls: &herald_core::ClientTls,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Vec<MonitoredStore>> {
-    if !(0.0 < pressure.queue_full_threshold && pressure.queue_full_threshold <= 1.0) {
-        return Err(ConfigError("--queue-full-threshold must be within (0, 1]".into()).into());
-    }
+    pressure.check()?;
     Ok(queue_stores(urls, job_type, max_connections, tls)?
         .into_iter()
         .map(|store| {

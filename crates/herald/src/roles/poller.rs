@@ -4,41 +4,35 @@ use std::collections::HashMap;
 
 use herald_coord::Coordinator;
 use herald_core::JobType;
+use herald_poller::config::PollerConfig;
 use herald_poller::fleet::{Fleet, FleetSettings};
-use herald_poller::{Ownership, Poller, PollerSettings, StaticOwnership};
+use herald_poller::{Ownership, Poller, StaticOwnership};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{print_config, process_name, ConfigError, PollerArgs};
+use crate::cli::{print_config, PollerArgs};
 use crate::{shutdown, telemetry};
 
 pub async fn main(args: PollerArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
+    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
-    run(args, shutdown::on_signal()).await?;
+    run(args.config, shutdown::on_signal()).await?;
     Ok(0)
 }
 
-pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<()> {
-    if args.lease_ttl < std::time::Duration::from_secs(2) {
-        return Err(ConfigError("--lease-ttl must be at least 2s".into()).into());
-    }
-    if args.batch_size == 0 || args.max_batches_per_tick == 0 {
-        return Err(ConfigError(
-            "--batch-size and --max-batches-per-tick must be at least 1".into(),
-        )
-        .into());
-    }
+pub async fn run(config: PollerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    config.check()?;
     // Every file is read before anything connects: a bad one is a configuration error.
-    let redis_tls = args.queue.redis_tls.load()?;
-    let etcd_access = etcd_access(&args)?;
+    let redis_tls = config.queue.redis_tls.load()?;
+    let etcd_access = config.etcd_access()?;
     let metrics = telemetry::init_metrics()?;
-    let pool = super::connect(&args.database, true).await?;
+    let pool = super::connect(&config.database, true).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
     let admin_cancel = CancellationToken::new();
-    let (queue, pressure) = (&args.queue, &args.queue.pressure);
+    let (queue, pressure) = (&config.queue, &config.queue.pressure);
     let send_stores = super::monitored_stores(
         &queue.redis_send_url,
         JobType::Send,
@@ -73,34 +67,21 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
     );
     let admin = telemetry::admin_router(metrics, "poller", readiness, None);
     let admin_task = tokio::spawn(telemetry::serve(
-        args.admin_listen,
+        config.admin_listen,
         admin,
         admin_cancel.clone(),
     ));
 
-    let owner = args
-        .poller_id
-        .clone()
-        .unwrap_or_else(|| process_name("poller"));
+    let owner = config.member();
     let poller = Poller::new(
         pool.clone(),
         HashMap::from([
             (JobType::Send, send_stores),
             (JobType::Status, status_stores),
         ]),
-        PollerSettings {
-            batch_size: args.batch_size,
-            max_batches_per_tick: args.max_batches_per_tick,
-            publish_concurrency: args.publish_concurrency,
-            linger: args.batch_linger,
-            poll_interval: args.poll_interval,
-            idle_poll_interval: args.idle_poll_interval,
-            redrive_interval: args.redrive_interval,
-            stale_after: args.stale_after,
-            ..PollerSettings::default()
-        },
+        config.settings(),
     );
-    let result = if args.etcd_endpoints.is_empty() {
+    let result = if config.etcd_endpoints.is_empty() {
         let fences = StaticOwnership {
             pool: pool.clone(),
             owner: owner.clone(),
@@ -112,13 +93,15 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
         poller.run_static(fences, cancel).await
     } else {
         let coord = Coordinator::connect_with(
-            &args.etcd_endpoints,
-            &args.etcd_prefix,
+            &config.etcd_endpoints,
+            &config.etcd_prefix,
             std::time::Duration::from_secs(2),
             &etcd_access,
         )
         .await
-        .map_err(|err| anyhow::anyhow!("cannot reach etcd at {:?}: {err}", args.etcd_endpoints))?;
+        .map_err(|err| {
+            anyhow::anyhow!("cannot reach etcd at {:?}: {err}", config.etcd_endpoints)
+        })?;
         let fleet = Fleet {
             poller,
             coord,
@@ -126,8 +109,7 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
             partitions,
             settings: FleetSettings {
                 member: owner,
-                lease_ttl: args.lease_ttl,
-                drain_timeout: args.drain_timeout,
+                ..config.fleet_settings()
             },
         };
         fleet.run(cancel).await
@@ -136,35 +118,4 @@ pub async fn run(args: PollerArgs, cancel: CancellationToken) -> anyhow::Result<
     let _ = admin_task.await;
     tracing::info!("poller stopped");
     result
-}
-
-/// TLS material and the user for etcd, from their files and variables.
-fn etcd_access(args: &PollerArgs) -> anyhow::Result<herald_coord::EtcdAccess> {
-    let tls = crate::cli::client_tls(
-        "--etcd",
-        args.etcd_ca_file.as_deref(),
-        args.etcd_cert_file.as_deref(),
-        args.etcd_key_file.as_deref(),
-    )?;
-    let password = crate::cli::read_secret(
-        args.etcd_password.as_deref(),
-        args.etcd_password_file.as_deref(),
-        "HERALD_ETCD_PASSWORD",
-    )?;
-    let user = match (&args.etcd_user, password) {
-        (None, None) => None,
-        (Some(user), Some(password)) => Some((user.clone(), password)),
-        (Some(_), None) => {
-            return Err(ConfigError(
-                "--etcd-user needs HERALD_ETCD_PASSWORD or HERALD_ETCD_PASSWORD_FILE".into(),
-            )
-            .into())
-        }
-        (None, Some(_)) => {
-            return Err(
-                ConfigError("HERALD_ETCD_PASSWORD is set without --etcd-user".into()).into(),
-            )
-        }
-    };
-    Ok(herald_coord::EtcdAccess { tls, user })
 }

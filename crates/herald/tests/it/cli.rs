@@ -458,3 +458,95 @@ fn a_retry_cap_below_the_first_back_off_exits_64() {
     assert_eq!(config["retry_max"], "5s");
     assert_eq!(config["retry_base"], "500ms");
 }
+
+/// `herald <role> --config FILE --print-config`, with nothing from this process's HERALD_*
+/// variables.
+fn printed_config(role: &str, file: &std::path::Path) -> serde_json::Value {
+    let mut command = std::process::Command::new(HERALD);
+    command.args([role, "--config", file.to_str().unwrap(), "--print-config"]);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("HERALD_") {
+            command.env_remove(key);
+        }
+    }
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{role}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each role's typed configuration, written as its `--config` file the way the test kit runs
+/// every role, is exactly what the role runs with: every setting the struct holds (defaults,
+/// changed values, lists, durations, a true and a false switch) reads back the same.
+#[test]
+fn a_typed_configuration_written_as_a_file_is_what_the_role_runs_with() {
+    use herald_core::JobType;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = "postgres://herald@db:5432/herald";
+    let check = |role: &str, config: serde_json::Value, file_text: String| {
+        let file = dir.path().join(format!("{role}.toml"));
+        std::fs::write(&file, file_text).unwrap();
+        let printed = printed_config(role, &file);
+        let serde_json::Value::Object(fields) = config else {
+            panic!("{role}: not a struct")
+        };
+        for (key, value) in fields {
+            if value.is_null() {
+                continue;
+            }
+            assert_eq!(printed[&key], value, "{role}: {key} read back differently");
+        }
+    };
+    let mut api = herald_api::ApiConfig::new(url);
+    api.auth.insecure_dev = true;
+    api.max_batch = 17;
+    api.request_timeout = Duration::from_millis(2500);
+    api.redis_send_url = vec!["redis://a:6379/".into(), "redis://b:6379/".into()];
+    api.pressure.queue_full_threshold = 0.65;
+    check("api", serde_json::to_value(&api).unwrap(), toml(&api));
+
+    let mut poller = herald_poller::config::PollerConfig::new(url, "redis://a/", "redis://b/");
+    poller.etcd_endpoints = vec!["http://etcd-0:2379".into(), "http://etcd-1:2379".into()];
+    poller.poll_interval = Duration::from_millis(150);
+    poller.poller_id = Some("poller-7".into());
+    check(
+        "poller",
+        serde_json::to_value(&poller).unwrap(),
+        toml(&poller),
+    );
+
+    let mut worker = herald_worker::config::WorkerConfig::new(JobType::Status, url, "redis://s/");
+    worker.concurrency = Some(9);
+    worker.batches_in_flight = Some(3);
+    worker.status_alias = vec![("ACKD".into(), "DELIVRD".into())];
+    worker.blocked_recipients = vec!["+15550100".into()];
+    worker.receipt_window = Duration::from_secs(90 * 60);
+    check(
+        "worker",
+        serde_json::to_value(&worker).unwrap(),
+        toml(&worker),
+    );
+
+    let mut sim = herald_provider_sim::config::SimConfig {
+        error_rate: 0.25,
+        refuse_status: Some(404),
+        gateways: vec!["gw-x".into()],
+        ..Default::default()
+    };
+    sim.receipt_delay = Duration::from_millis(5);
+    check(
+        "provider-sim",
+        serde_json::to_value(&sim).unwrap(),
+        toml(&sim),
+    );
+}
+
+/// Writes a role's configuration the way the test kit does.
+fn toml<T: serde::Serialize>(config: &T) -> String {
+    herald_testkit::config::role_config_toml(config).unwrap()
+}

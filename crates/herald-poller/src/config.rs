@@ -1,0 +1,265 @@
+//! `herald poller`'s settings: each flag's default and its rules, once. The binary layers a
+//! `--config` file, `HERALD_*` variables and flags onto this struct; `herald dev` and the test
+//! kit build it directly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use herald_core::config::{client_tls, ensure, read_secret};
+use herald_core::ConfigError;
+use herald_queue::config::QueueConfig;
+use herald_store::config::DatabaseConfig;
+use serde::Serialize;
+
+use crate::fleet::FleetSettings;
+use crate::PollerSettings;
+
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct PollerConfig {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub database: DatabaseConfig,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub queue: QueueConfig,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "HERALD_ADMIN_LISTEN", default_value = "127.0.0.1:9091")]
+    pub admin_listen: SocketAddr,
+    /// This poller's name in the fleet and in partition leases (default: host name and
+    /// process id). Must be unique among live pollers.
+    #[arg(long, env = "HERALD_POLLER_ID")]
+    pub poller_id: Option<String>,
+    /// etcd endpoints (comma-separated). With them, pollers share the partitions as a fleet;
+    /// without, this poller takes every partition (a single poller).
+    #[arg(
+        long,
+        hide_env_values = true,
+        env = "HERALD_ETCD_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix of this Herald cluster in etcd.
+    #[arg(long, env = "HERALD_ETCD_PREFIX", default_value = "/herald")]
+    pub etcd_prefix: String,
+    /// CA certificates (PEM) to trust for https:// etcd endpoints instead of the system's
+    /// roots.
+    #[arg(long, env = "HERALD_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for an etcd that requires one (--client-cert-auth), with
+    /// --etcd-key-file.
+    #[arg(long, env = "HERALD_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert-file.
+    #[arg(long, env = "HERALD_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// etcd user, for an etcd with authentication enabled (its password from
+    /// HERALD_ETCD_PASSWORD or HERALD_ETCD_PASSWORD_FILE).
+    #[arg(long, env = "HERALD_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// Password of --etcd-user. Environment only.
+    #[arg(long, env = "HERALD_ETCD_PASSWORD", hide_env_values = true)]
+    pub etcd_password: Option<String>,
+    /// A file holding the etcd password, instead of HERALD_ETCD_PASSWORD.
+    #[arg(long, env = "HERALD_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+    /// TTL of the poller's etcd lease; it stops claiming after TTL/2 without a renewal.
+    #[arg(long, env = "HERALD_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub lease_ttl: Duration,
+    /// Longest wait for in-flight batches when handing partitions off or shutting down
+    /// (keep the pod's termination grace period above it).
+    #[arg(long, env = "HERALD_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub drain_timeout: Duration,
+    /// Rows claimed per statement.
+    #[arg(long, env = "HERALD_POLLER_BATCH_SIZE", default_value_t = 500)]
+    pub batch_size: u32,
+    /// Batches drained from one partition before it yields.
+    #[arg(long, env = "HERALD_POLLER_MAX_BATCHES_PER_TICK", default_value_t = 20)]
+    pub max_batches_per_tick: u32,
+    /// Most batches being published at once over all owned partitions (0: no limit, every
+    /// partition publishes on its own). 1 is the serial publisher of Herald's first version.
+    #[arg(long, env = "HERALD_POLLER_PUBLISH_CONCURRENCY", default_value_t = 0)]
+    pub publish_concurrency: usize,
+    /// How long a claim that starts alone waits for other partitions' claims to share its
+    /// statement (0s: none). At low rates every claim would carry a few rows, and a statement
+    /// on the outbox costs about as much for one row as for fifty (10ms against none:
+    /// loadtest/README.md).
+    #[arg(long, env = "HERALD_BATCH_LINGER", default_value = "10ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub batch_linger: Duration,
+    /// How long a partition whose claim came back short waits before claiming again (NOTIFY
+    /// wakes it sooner): the pace at which rows due later (retries) and rows whose NOTIFY was
+    /// lost are found.
+    #[arg(long, env = "HERALD_POLLER_POLL_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub poll_interval: Duration,
+    /// Longest wait of an idle partition: each short claim in a row with no NOTIFY between
+    /// doubles the wait from --poll-interval up to this (at or below --poll-interval: no
+    /// doubling). An idle poller then asks the database a quarter as often
+    /// (loadtest/README.md); a NOTIFY or a full claim starts again from --poll-interval.
+    #[arg(long, env = "HERALD_POLLER_IDLE_POLL_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub idle_poll_interval: Duration,
+    /// How often stale PROCESSING/PUBLISHED rows are looked for.
+    #[arg(long, env = "HERALD_POLLER_REDRIVE_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub redrive_interval: Duration,
+    /// A claimed or published row not confirmed by a worker within this goes back to PENDING,
+    /// if its queue store no longer holds it (a job waiting in its stream is never re-driven).
+    #[arg(long, env = "HERALD_POLLER_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub stale_after: Duration,
+}
+
+/// Pause of a partition after its queue store refused a publish.
+const PUBLISH_BACKOFF: Duration = Duration::from_secs(1);
+
+impl Default for PollerConfig {
+    /// Every flag at its default; the database and Redis URLs are empty, which
+    /// [`PollerConfig::check`] refuses.
+    fn default() -> Self {
+        herald_core::config::defaults(&["--database-url", ""])
+    }
+}
+
+impl PollerConfig {
+    /// Polling the database at `database_url` into the two job types' queue stores, every
+    /// other setting at its default (a single poller: no etcd).
+    pub fn new(
+        database_url: impl Into<String>,
+        redis_send_url: impl Into<String>,
+        redis_status_url: impl Into<String>,
+    ) -> Self {
+        let mut config = Self {
+            database: DatabaseConfig::new(database_url),
+            ..Self::default()
+        };
+        config.queue.redis_send_url = vec![redis_send_url.into()];
+        config.queue.redis_status_url = vec![redis_status_url.into()];
+        config
+    }
+
+    /// Every rule about these values, with the etcd files and password read: a poller that
+    /// passes it fails later only on what it connects to.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.database.check()?;
+        self.queue.check()?;
+        self.queue.redis_tls.load()?;
+        self.etcd_access()?;
+        ensure(self.lease_ttl >= Duration::from_secs(2), || {
+            "--lease-ttl must be at least 2s".into()
+        })?;
+        ensure(
+            self.batch_size >= 1 && self.max_batches_per_tick >= 1,
+            || "--batch-size and --max-batches-per-tick must be at least 1".into(),
+        )?;
+        ensure(
+            !self.poll_interval.is_zero() && !self.redrive_interval.is_zero(),
+            || "--poll-interval and --redrive-interval must be more than 0".into(),
+        )
+    }
+
+    /// How the poller paces itself.
+    pub fn settings(&self) -> PollerSettings {
+        PollerSettings {
+            batch_size: self.batch_size,
+            max_batches_per_tick: self.max_batches_per_tick,
+            poll_interval: self.poll_interval,
+            idle_poll_interval: self.idle_poll_interval,
+            redrive_interval: self.redrive_interval,
+            stale_after: self.stale_after,
+            publish_backoff: PUBLISH_BACKOFF,
+            publish_concurrency: self.publish_concurrency,
+            linger: self.batch_linger,
+        }
+    }
+
+    /// This poller's name: `--poller-id`, or host name and process id.
+    pub fn member(&self) -> String {
+        self.poller_id
+            .clone()
+            .unwrap_or_else(|| herald_core::config::process_name("poller"))
+    }
+
+    pub fn fleet_settings(&self) -> FleetSettings {
+        FleetSettings {
+            member: self.member(),
+            lease_ttl: self.lease_ttl,
+            drain_timeout: self.drain_timeout,
+        }
+    }
+
+    /// TLS material and the user for etcd, from their files and variables.
+    pub fn etcd_access(&self) -> Result<herald_coord::EtcdAccess, ConfigError> {
+        let tls = client_tls(
+            "--etcd",
+            self.etcd_ca_file.as_deref(),
+            self.etcd_cert_file.as_deref(),
+            self.etcd_key_file.as_deref(),
+        )?;
+        let password = read_secret(
+            self.etcd_password.as_deref(),
+            self.etcd_password_file.as_deref(),
+            "HERALD_ETCD_PASSWORD",
+        )?;
+        let user = match (&self.etcd_user, password) {
+            (None, None) => None,
+            (Some(user), Some(password)) => Some((user.clone(), password)),
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "--etcd-user needs HERALD_ETCD_PASSWORD or HERALD_ETCD_PASSWORD_FILE",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "HERALD_ETCD_PASSWORD is set without --etcd-user",
+                ))
+            }
+        };
+        Ok(herald_coord::EtcdAccess { tls, user })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> PollerConfig {
+        PollerConfig::new("postgres://herald@db/herald", "redis://a/", "redis://b/")
+    }
+
+    #[test]
+    fn the_defaults_are_the_documented_pace() {
+        let config = config();
+        config.check().unwrap();
+        let settings = config.settings();
+        assert_eq!(settings.batch_size, 500);
+        assert_eq!(settings.poll_interval, Duration::from_millis(500));
+        assert_eq!(settings.idle_poll_interval, Duration::from_secs(2));
+        assert_eq!(settings.linger, Duration::from_millis(10));
+        assert_eq!(config.lease_ttl, Duration::from_secs(10));
+        assert!(config.member().starts_with("poller-"));
+    }
+
+    #[test]
+    fn each_rule_names_its_flag() {
+        let refused = |change: fn(&mut PollerConfig), flag: &str| {
+            let mut config = config();
+            change(&mut config);
+            let err = config.check().unwrap_err();
+            assert!(err.0.contains(flag), "{flag}: {err}");
+        };
+        refused(|c| c.lease_ttl = Duration::from_secs(1), "--lease-ttl");
+        refused(|c| c.batch_size = 0, "--batch-size");
+        refused(|c| c.poll_interval = Duration::ZERO, "--poll-interval");
+        refused(|c| c.etcd_user = Some("herald".into()), "--etcd-user needs");
+        refused(
+            |c| c.etcd_password = Some("pw".into()),
+            "without --etcd-user",
+        );
+        refused(|c| c.queue.redis_status_url.clear(), "--redis-status-url");
+    }
+}
