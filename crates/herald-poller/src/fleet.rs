@@ -215,9 +215,38 @@ impl Fleet {
             Ok::<bool, herald_coord::CoordError>(released)
         }))
         .await;
+        // Every result is looked at before an error is answered: one failed release must not
+        // leave the others uncounted.
+        let mut failed: Option<anyhow::Error> = None;
         for result in released {
-            if result? {
-                ::metrics::counter!(m::RELEASES).increment(1);
+            match result {
+                Ok(true) => ::metrics::counter!(m::RELEASES).increment(1),
+                Ok(false) => {}
+                Err(err) => {
+                    failed.get_or_insert(err.into());
+                }
+            }
+        }
+
+        // A key this poller holds with no task draining it (an acquisition or a release that
+        // failed half way, or a key rewritten under this poller's name) would keep its
+        // partition from every poller until the key's lease ends, which for a live poller is
+        // never: it is released, so the partition's assigned owner takes it anew.
+        for (partition, ownership) in &owners {
+            if ownership.owner != me || owned.contains_key(partition) || leaving.contains(partition)
+            {
+                continue;
+            }
+            match self.coord.release(*partition, me, ownership.revision).await {
+                Ok(true) => tracing::warn!(
+                    partition,
+                    revision = ownership.revision,
+                    "released a partition key this poller held without draining it"
+                ),
+                Ok(false) => {}
+                Err(err) => {
+                    failed.get_or_insert(err.into());
+                }
             }
         }
 
@@ -236,8 +265,14 @@ impl Fleet {
             .collect()
             .await;
         for fence in acquired {
-            let Some((fence, revision)) = fence? else {
-                continue;
+            // A failed acquisition released its key (see `acquire`); the others still start.
+            let (fence, revision) = match fence {
+                Ok(Some(acquired)) => acquired,
+                Ok(None) => continue,
+                Err(err) => {
+                    failed.get_or_insert(err);
+                    continue;
+                }
             };
             let partition = fence.partition;
             if let Some(released) = released_at.remove(&partition) {
@@ -271,7 +306,10 @@ impl Fleet {
                 },
             );
         }
-        Ok(())
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
     }
 
     /// Creates the partition's ownership key and records the ownership in PostgreSQL, which
@@ -283,12 +321,17 @@ impl Fleet {
         let Some(revision) = self.coord.try_acquire(partition, me, lease).await? else {
             return Ok(None);
         };
-        let taken = herald_store::leases::Acquisition {
-            generation: &self.coord.generation().await?,
-            revision,
-            current_revision: self.coord.current_revision().await?,
+        let recorded = match self.record(partition, revision).await {
+            Ok(recorded) => recorded,
+            Err(err) => {
+                // The key is this poller's but no task will drain it: give it back at once
+                // (the next round's sweep would otherwise).
+                if let Err(release) = self.coord.release(partition, me, revision).await {
+                    tracing::warn!(partition, error = %release, "releasing a key whose ownership could not be recorded failed");
+                }
+                return Err(err);
+            }
         };
-        let recorded = herald_store::leases::record_epoch(&self.pool, partition, me, taken).await?;
         let Some(epoch) = recorded else {
             // A newer ownership is already recorded: never write.
             ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
@@ -301,6 +344,18 @@ impl Fleet {
             return Ok(None);
         };
         Ok(Some((Fence { partition, epoch }, revision)))
+    }
+
+    /// Records the ownership taken at `revision` in PostgreSQL, which answers its fencing epoch
+    /// (None: a newer ownership is already recorded).
+    async fn record(&self, partition: u32, revision: i64) -> anyhow::Result<Option<i64>> {
+        let taken = herald_store::leases::Acquisition {
+            generation: &self.coord.generation().await?,
+            revision,
+            current_revision: self.coord.current_revision().await?,
+        };
+        let me = self.settings.member.as_str();
+        Ok(herald_store::leases::record_epoch(&self.pool, partition, me, taken).await?)
     }
 
     /// Stops every partition task (each finishes its in-flight batch), bounded by the drain

@@ -566,3 +566,52 @@ mod chrono_free {
             .unwrap())
     }
 }
+
+/// A partition key held under the poller's own name while no task of it drains the
+/// partition (here: the key deleted and written again under a foreign, long lease while the
+/// poller was paused, as a half-failed acquisition or release leaves it) is given back and
+/// taken anew at once, not left undrained until that lease ends; every message is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_without_a_task_is_released_and_its_partition_drained() {
+    let mut herald = fleet(1, "10s").await;
+    let coord = coordinator(&herald).await;
+    let before = wait_stable(&coord, &["poller-0"]).await;
+    let partition = 5;
+    let key = format!("{}{partition:04}", coord.owners_prefix());
+    let mut client = coord.client();
+    // Far past the test's patience: only a release by the poller frees the partition.
+    let foreign = client.lease_grant(3600, None).await.unwrap().id();
+
+    herald.role("poller-0").pause().unwrap();
+    client.delete(key.as_str(), None).await.unwrap();
+    client
+        .put(
+            key.as_str(),
+            "poller-0",
+            Some(etcd_client::PutOptions::new().with_lease(foreign)),
+        )
+        .await
+        .unwrap();
+    herald.role("poller-0").resume().unwrap();
+
+    let after = until(
+        "the partition owned again under the poller's own lease",
+        PATIENCE,
+        || async {
+            let owners = coord.owners().await.map_err(|err| err.to_string())?;
+            match owners.get(&partition) {
+                Some(o) if o.owner == "poller-0" && o.lease == before[&partition].lease => {
+                    Ok(o.clone())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(after.revision > before[&partition].revision, "{after:?}");
+    let load = Load::start(&herald, 20, Duration::from_millis(20));
+    accepted_more(&herald, 300).await;
+    let accepted = load.finish().await;
+    prove(&herald, accepted).await;
+    client.lease_revoke(foreign).await.unwrap();
+}
