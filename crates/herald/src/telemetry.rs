@@ -206,10 +206,25 @@ pub async fn serve(
     router: Router,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    serve_on(bind(addr).await?, router, cancel).await
+}
+
+/// Binds `addr` now, so a role whose server runs in a task of its own fails at start when
+/// the address is taken, instead of running on without it.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|err| anyhow::anyhow!("cannot listen on {addr}: {err}"))?;
     tracing::info!(%addr, "listening");
+    Ok(listener)
+}
+
+/// Serves `router` on a bound listener until `cancel`.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await?;

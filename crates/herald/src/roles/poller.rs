@@ -28,6 +28,8 @@ pub async fn run(config: PollerConfig, cancel: CancellationToken) -> anyhow::Res
     // Every file is read before anything connects: a bad one is a configuration error.
     let redis_tls = config.queue.redis_tls.load()?;
     let etcd_access = config.etcd_access()?;
+    // Bound before anything connects: a taken admin port fails the start, as the API's does.
+    let admin_listener = telemetry::bind(config.admin_listen).await?;
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&config.database, true).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;
@@ -66,8 +68,8 @@ pub async fn run(config: PollerConfig, cancel: CancellationToken) -> anyhow::Res
         admin_cancel.clone(),
     );
     let admin = telemetry::admin_router(metrics, "poller", readiness, None);
-    let admin_task = tokio::spawn(telemetry::serve(
-        config.admin_listen,
+    let admin_task = tokio::spawn(telemetry::serve_on(
+        admin_listener,
         admin,
         admin_cancel.clone(),
     ));
@@ -115,7 +117,12 @@ pub async fn run(config: PollerConfig, cancel: CancellationToken) -> anyhow::Res
         fleet.run(cancel).await
     };
     admin_cancel.cancel();
-    let _ = admin_task.await;
+    if let Ok(Err(err)) = admin_task.await {
+        tracing::warn!(
+            error = format!("{err:#}"),
+            "the admin server stopped with an error"
+        );
+    }
     tracing::info!("poller stopped");
     result
 }

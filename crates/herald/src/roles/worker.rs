@@ -32,6 +32,8 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> anyhow::Res
     config.check()?;
     let redis_tls = config.redis_tls.load()?;
     let provider = config.provider()?;
+    // Bound before anything connects: a taken admin port fails the start, as the API's does.
+    let admin_listener = telemetry::bind(config.admin_listen).await?;
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&config.database, true).await?;
     let admin_cancel = CancellationToken::new();
@@ -62,8 +64,8 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> anyhow::Res
         admin_cancel.clone(),
     );
     let admin = telemetry::admin_router(metrics, role, readiness, None);
-    let admin_task = tokio::spawn(telemetry::serve(
-        config.admin_listen,
+    let admin_task = tokio::spawn(telemetry::serve_on(
+        admin_listener,
         admin,
         admin_cancel.clone(),
     ));
@@ -105,7 +107,12 @@ pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> anyhow::Res
         }
     }
     admin_cancel.cancel();
-    let _ = admin_task.await;
+    if let Ok(Err(err)) = admin_task.await {
+        tracing::warn!(
+            error = format!("{err:#}"),
+            "the admin server stopped with an error"
+        );
+    }
     tracing::info!("worker stopped");
     Ok(())
 }

@@ -550,3 +550,43 @@ fn a_typed_configuration_written_as_a_file_is_what_the_role_runs_with() {
 fn toml<T: serde::Serialize>(config: &T) -> String {
     herald_testkit::config::role_config_toml(config).unwrap()
 }
+
+/// A poller or worker whose admin address is taken does not run on without `/metrics` and
+/// probes: it fails at start, naming the address, before it connects to anything.
+#[test]
+fn a_taken_admin_address_fails_the_start() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    for role in [
+        &[
+            "worker",
+            "--job-type",
+            "status",
+            "--redis-url",
+            "redis://127.0.0.1:1/",
+        ][..],
+        &[
+            "poller",
+            "--redis-send-url",
+            "redis://127.0.0.1:1/",
+            "--redis-status-url",
+            "redis://127.0.0.1:1/",
+        ][..],
+    ] {
+        let mut args = role.to_vec();
+        args.extend([
+            "--database-url",
+            "postgres://herald@127.0.0.1:1/herald",
+            "--admin-listen",
+            &address,
+        ]);
+        let out = herald(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {stderr}", role[0]);
+        assert!(
+            stderr.contains(&format!("cannot listen on {address}")),
+            "{}: {stderr}",
+            role[0]
+        );
+    }
+}
