@@ -141,8 +141,10 @@ async fn store_one(
         .await?
         .first()
         .copied()
+        // Committed, but without the receipt's id: it may be stored, so the gateway is told
+        // the outcome is unknown (its retry is deduplicated by the status worker).
         .ok_or_else(|| {
-            herald_store::StoreError::Corrupt("storing a receipt answered no id".into())
+            herald_store::StoreError::OutcomeUnknown("storing a receipt answered no id".into())
         })?;
     metrics::counter!(RECEIPTS).increment(1);
     Ok(id)
@@ -440,7 +442,8 @@ pub(crate) async fn list_parked(
         (status = 202, description = "Queued again (parked again, with a new reason, if it still cannot be applied)", body = crate::wire::ParkedReplayed),
         (status = 400, description = "The id is not a number", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such parked item", body = crate::problem::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already replayed, or not a replayable item", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already replayed", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a replayable item: it holds no receipt", body = crate::problem::Problem, content_type = "application/problem+json"),
         crate::openapi::OperatorProblems,
     ),
     security(("bearer" = []))

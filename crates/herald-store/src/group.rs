@@ -213,15 +213,17 @@ where
                 let _ = answer.send(Ok(result));
             }
         }
+        // The write committed, but which request it wrote is not known: each may be stored,
+        // so none may be told that nothing was written.
         Ok(results) => {
             let text = format!(
-                "the writer answered {} of {} requests",
+                "the writer committed and answered {} of {} requests",
                 results.len(),
                 answers.len()
             );
             tracing::error!(writer = name, "{text}");
             for answer in answers {
-                let _ = answer.send(Err(StoreError::Corrupt(text.clone())));
+                let _ = answer.send(Err(StoreError::OutcomeUnknown(text.clone())));
             }
         }
         Err(err) if answers.len() > 1 && refused_by_database(&err) => {
@@ -231,9 +233,11 @@ where
             for (request, answer) in requests.iter().zip(answers) {
                 let single = write(Arc::new(vec![request.clone()])).await;
                 let _ = answer.send(single.and_then(|mut results| {
-                    results
-                        .pop()
-                        .ok_or_else(|| StoreError::Corrupt("the writer answered nothing".into()))
+                    results.pop().ok_or_else(|| {
+                        StoreError::OutcomeUnknown(
+                            "the writer committed and answered nothing".into(),
+                        )
+                    })
                 }));
             }
         }
@@ -354,6 +358,23 @@ mod tests {
         );
         let err = group.write(1).await.unwrap_err();
         assert!(matches!(err, StoreError::GroupWrite(_)), "{err:?}");
+    }
+
+    // A write that committed but answered for fewer requests than it was given: every request
+    // may be stored, so each is answered with an unknown outcome, never "nothing written".
+    #[tokio::test]
+    async fn a_committed_write_with_missing_answers_leaves_each_outcome_unknown() {
+        let group = GroupCommit::spawn(
+            "test",
+            GroupSettings {
+                max_group: 10,
+                parallel: 1,
+                linger: Duration::ZERO,
+            },
+            |_: Arc<Vec<u32>>| async { Ok::<Vec<u32>, StoreError>(Vec::new()) },
+        );
+        let err = group.write(1).await.unwrap_err();
+        assert!(matches!(err, StoreError::OutcomeUnknown(_)), "{err:?}");
     }
 
     // Requests a millisecond apart, at a rate where each would otherwise be written alone:

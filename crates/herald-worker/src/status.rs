@@ -521,8 +521,12 @@ pub async fn release_held(
             }
             Err(err) => tracing::warn!(error = %err, "parking expired held receipts failed"),
         }
-        if let Ok(held) = count_held(&pool).await {
-            ::metrics::gauge!(m::HELD).set(held as f64);
+        match count_held(&pool).await {
+            Ok(held) => ::metrics::gauge!(m::HELD).set(held as f64),
+            // The gauge keeps its last value until a count works; the log says it is stale.
+            Err(err) => {
+                tracing::warn!(error = %err, "counting held receipts failed; herald_receipts_held is stale")
+            }
         }
     }
 }
