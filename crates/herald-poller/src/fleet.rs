@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
-use crate::{PartitionExit, Poller, Wakers};
+use crate::{PartitionExit, Poller, PollerError, Wakers};
 
 #[derive(Debug, Clone)]
 pub struct FleetSettings {
@@ -63,7 +63,7 @@ enum Exit {
 impl Fleet {
     /// Runs until `cancel`: joins, owns its share, hands partitions over as the fleet changes,
     /// and on cancel drains, deletes its keys (by revoking its lease) and returns.
-    pub async fn run(&self, cancel: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), PollerError> {
         let wakers = Wakers::new(self.partitions.all());
         let listener = tokio::spawn(wakers.clone().listen(self.pool.clone(), cancel.clone()));
         while !cancel.is_cancelled() {
@@ -170,7 +170,7 @@ impl Fleet {
         released_at: &mut HashMap<u32, Instant>,
         wakers: &Wakers,
         exits: &mpsc::UnboundedSender<u32>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PollerError> {
         let me = self.settings.member.as_str();
         let mut members = self.coord.members().await?;
         if !members.iter().any(|m| m == me) {
@@ -217,7 +217,7 @@ impl Fleet {
         .await;
         // Every result is looked at before an error is answered: one failed release must not
         // leave the others uncounted.
-        let mut failed: Option<anyhow::Error> = None;
+        let mut failed: Option<PollerError> = None;
         for result in released {
             match result {
                 Ok(true) => ::metrics::counter!(m::RELEASES).increment(1),
@@ -259,7 +259,7 @@ impl Fleet {
             .collect();
         // Acquired concurrently: the handoff gap of the last partition is one round trip, not
         // one per partition.
-        let acquired: Vec<anyhow::Result<Option<(Fence, i64)>>> = futures::stream::iter(free)
+        let acquired: Vec<Result<Option<(Fence, i64)>, PollerError>> = futures::stream::iter(free)
             .map(|partition| self.acquire(partition, lease))
             .buffer_unordered(16)
             .collect()
@@ -316,7 +316,11 @@ impl Fleet {
     /// answers its fencing epoch. `None` when someone else holds the key, or PostgreSQL already
     /// records a newer ownership (this acquisition was overtaken). Answers the fence and the
     /// key's create revision.
-    async fn acquire(&self, partition: u32, lease: i64) -> anyhow::Result<Option<(Fence, i64)>> {
+    async fn acquire(
+        &self,
+        partition: u32,
+        lease: i64,
+    ) -> Result<Option<(Fence, i64)>, PollerError> {
         let me = self.settings.member.as_str();
         let Some(revision) = self.coord.try_acquire(partition, me, lease).await? else {
             return Ok(None);
@@ -348,7 +352,7 @@ impl Fleet {
 
     /// Records the ownership taken at `revision` in PostgreSQL, which answers its fencing epoch
     /// (None: a newer ownership is already recorded).
-    async fn record(&self, partition: u32, revision: i64) -> anyhow::Result<Option<i64>> {
+    async fn record(&self, partition: u32, revision: i64) -> Result<Option<i64>, PollerError> {
         let taken = herald_store::leases::Acquisition {
             generation: &self.coord.generation().await?,
             revision,

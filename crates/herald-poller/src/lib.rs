@@ -30,6 +30,38 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics as m;
 pub use crate::ownership::{Ownership, StaticOwnership};
 
+/// Why a poller's round, acquisition or run failed. Callers act on [`PollerError::is_fenced`]
+/// (stop the partition: a newer owner holds it) and [`PollerError::is_out_of_memory`] (the
+/// queue store is full: pause, count it apart); everything else is retried or reported
+/// (docs/ERRORS.md).
+#[derive(Debug, thiserror::Error)]
+pub enum PollerError {
+    #[error(transparent)]
+    Store(#[from] herald_store::StoreError),
+    #[error(transparent)]
+    Queue(#[from] herald_queue::QueueError),
+    #[error("etcd: {0}")]
+    Coord(#[from] herald_coord::CoordError),
+    #[error("no queue store configured for job type {0}")]
+    NoStore(JobType),
+    #[error("a partition task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("the publish limiter is closed")]
+    Closed(#[from] tokio::sync::AcquireError),
+}
+
+impl PollerError {
+    /// A newer owner's epoch holds the partition: this poller's write changed nothing.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Store(herald_store::StoreError::Fenced { .. }))
+    }
+
+    /// The queue store refused the publish past its `maxmemory`.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Self::Queue(err) if err.is_out_of_memory())
+    }
+}
+
 /// How the poller paces itself.
 #[derive(Debug, Clone)]
 pub struct PollerSettings {
@@ -207,7 +239,7 @@ impl Poller {
     /// One round for one partition: through the shared drainer (every partition asking at
     /// about the same time in one claim and one publish per store), or on its own in
     /// the starting point's shape.
-    async fn drain_round(&self, fence: Fence) -> anyhow::Result<Drained> {
+    async fn drain_round(&self, fence: Fence) -> Result<Drained, PollerError> {
         let Some(drainer) = &self.drainer else {
             return self.drain(fence).await;
         };
@@ -225,7 +257,7 @@ impl Poller {
         &self,
         fences: Vec<Fence>,
         cancel: CancellationToken,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PollerError> {
         ::metrics::gauge!(m::OWNED_PARTITIONS).set(fences.len() as f64);
         let wakers = Wakers::new(fences.iter().map(|f| f.partition));
         let mut tasks = tokio::task::JoinSet::new();
@@ -285,7 +317,7 @@ impl Poller {
             let outcome = match self.drain_round(fence).await {
                 Ok(outcome) => outcome,
                 Err(err) => {
-                    if let Some(herald_store::StoreError::Fenced { .. }) = err.downcast_ref() {
+                    if err.is_fenced() {
                         ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
                         return PartitionExit::Fenced;
                     }
@@ -319,7 +351,7 @@ impl Poller {
 
     /// Drains one partition: claim, publish, mark, until a claim comes back short or the
     /// batch cap is reached.
-    pub async fn drain(&self, fence: Fence) -> anyhow::Result<Drained> {
+    pub async fn drain(&self, fence: Fence) -> Result<Drained, PollerError> {
         for _ in 0..self.settings.max_batches_per_tick {
             let open = self.open_job_types(fence.partition);
             if open.is_empty() {
@@ -339,7 +371,7 @@ impl Poller {
             let published = self.publish(&jobs).await;
             drop(slot);
             if let Err(err) = published {
-                let reason = if format!("{err:#}").contains("OOM") {
+                let reason = if err.is_out_of_memory() {
                     "oom"
                 } else {
                     "error"
@@ -381,16 +413,16 @@ impl Poller {
             .collect()
     }
 
-    async fn publish(&self, jobs: &[Job]) -> anyhow::Result<()> {
+    async fn publish(&self, jobs: &[Job]) -> Result<(), PollerError> {
         let mut by_type: HashMap<JobType, Vec<Job>> = HashMap::new();
         for job in jobs {
             by_type.entry(job.job_type).or_default().push(job.clone());
         }
         for (job_type, jobs) in by_type {
             // Every job of a batch is from one partition, so all go to one shard.
-            let store = self.shard(job_type, jobs[0].partition).ok_or_else(|| {
-                anyhow::anyhow!("no queue store configured for job type {job_type}")
-            })?;
+            let store = self
+                .shard(job_type, jobs[0].partition)
+                .ok_or(PollerError::NoStore(job_type))?;
             if let Err(err) = store.store.publish(&jobs).await {
                 // Read the store now, so a full one pauses this and every other partition.
                 store.refresh().await;
@@ -551,7 +583,7 @@ async fn drain_together(
             }
             Err(err) => {
                 store.refresh().await;
-                let reason = if format!("{err:#}").contains("OOM") {
+                let reason = if err.is_out_of_memory() {
                     "oom"
                 } else {
                     "error"

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 #[allow(async_fn_in_trait)]
 pub trait Ownership {
     /// Acquires partitions and records their epochs in PostgreSQL; returns the fences.
-    async fn acquire(&self) -> anyhow::Result<Vec<Fence>>;
+    async fn acquire(&self) -> Result<Vec<Fence>, crate::PollerError>;
 }
 
 /// One poller owns every partition, taking each with the next epoch (deposing any earlier
@@ -20,7 +20,7 @@ pub struct StaticOwnership {
 }
 
 impl Ownership for StaticOwnership {
-    async fn acquire(&self) -> anyhow::Result<Vec<Fence>> {
+    async fn acquire(&self) -> Result<Vec<Fence>, crate::PollerError> {
         let mut fences = Vec::with_capacity(self.partitions.get() as usize);
         for partition in self.partitions.all() {
             fences.push(herald_store::leases::take_over(&self.pool, partition, &self.owner).await?);

@@ -30,6 +30,25 @@ pub enum QueueError {
     Encode(#[from] serde_json::Error),
 }
 
+impl QueueError {
+    /// The store refused a write past its `maxmemory` (Redis error code `OOM`), for a single
+    /// command or for any command of a pipeline: the store is full, not broken.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Self::Redis(err) => is_oom(err),
+            _ => false,
+        }
+    }
+}
+
+fn is_oom(err: &redis::RedisError) -> bool {
+    err.code() == Some("OOM")
+        || err
+            .clone()
+            .into_server_errors()
+            .is_some_and(|refused| refused.iter().any(|(_, refusal)| refusal.code() == "OOM"))
+}
+
 /// Where one job type's store lives and how many connections a role may hold to it.
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
@@ -197,7 +216,7 @@ impl QueueStore {
             Err(err) if err.code() == Some("BUSYGROUP") => Ok(()),
             // A store past maxmemory refuses XGROUP CREATE even when the group exists, and only
             // reading the stream can free it: ask with a read-only command instead.
-            Err(err) if format!("{err}").contains("OOM") => {
+            Err(err) if is_oom(&err) => {
                 let exists: Result<redis::Value, redis::RedisError> = redis::cmd("XPENDING")
                     .arg(&self.stream)
                     .arg(&self.group)

@@ -124,5 +124,5 @@ pub async fn run(config: PollerConfig, cancel: CancellationToken) -> anyhow::Res
         );
     }
     tracing::info!("poller stopped");
-    result
+    Ok(result?)
 }
