@@ -107,7 +107,7 @@ pub async fn prove(
 /// The provider simulator's record per effect key (`GET /v1/effects`, the same record
 /// `herald verify` reads).
 pub async fn provider_views(sim_url: &str) -> anyhow::Result<HashMap<String, ProviderView>> {
-    herald_provider_sim::fetch_provider_views(sim_url, Duration::from_secs(120)).await
+    Ok(herald_provider_sim::fetch_provider_views(sim_url, Duration::from_secs(120)).await?)
 }
 
 /// The first submit time of every key in the simulator's submit log (JSON lines), for the

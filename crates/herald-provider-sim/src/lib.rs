@@ -29,6 +29,39 @@ pub use receipts::PlannedReceipt;
 pub use receipts::{Faults, ReceiptRates, ReceiptSecrets};
 pub use record::{Effect, Record, SubmitAnswer};
 
+/// What the simulator cannot start or answer with.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A setting it cannot run with.
+    #[error("{0}")]
+    Settings(String),
+    /// Its submit log cannot be opened, read or written.
+    #[error("submit log {}: {source}", path.display())]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line it was to write or read back is not what it writes.
+    #[error("{0}")]
+    Encoding(#[from] serde_json::Error),
+    /// Asking a running simulator over HTTP failed.
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    /// A running simulator answered something it does not write.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+/// Fails with a settings error unless `ok`.
+fn require(ok: bool, message: impl FnOnce() -> String) -> Result<(), SimError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(SimError::Settings(message()))
+    }
+}
+
 /// The simulator's behaviour.
 #[derive(Debug, Clone)]
 pub struct SimSettings {
@@ -74,28 +107,27 @@ impl Default for SimSettings {
 
 impl SimSettings {
     /// Checks every setting: rates within 0..=1, a refusal status that is an error status.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), SimError> {
         let settings = self;
-        anyhow::ensure!(
-            !settings.gateways.is_empty(),
-            "at least one gateway is needed"
-        );
-        anyhow::ensure!(settings.id_wrap > 0, "id wrap must be at least 1");
+        require(!settings.gateways.is_empty(), || {
+            "at least one gateway is needed".to_owned()
+        })?;
+        require(settings.id_wrap > 0, || {
+            "id wrap must be at least 1".to_owned()
+        })?;
         for (name, rate) in [
             ("error", settings.error_rate),
             ("timeout", settings.timeout_rate),
             ("reject", settings.reject_rate),
         ] {
-            anyhow::ensure!(
-                (0.0..=1.0).contains(&rate),
-                "{name} rate must be within 0..=1, got {rate}"
-            );
+            require((0.0..=1.0).contains(&rate), || {
+                format!("{name} rate must be within 0..=1, got {rate}")
+            })?;
         }
         if let Some(status) = settings.refuse_status {
-            anyhow::ensure!(
-                (400..=599).contains(&status),
-                "the refusal status must be a 4xx or 5xx, got {status}"
-            );
+            require((400..=599).contains(&status), || {
+                format!("the refusal status must be a 4xx or 5xx, got {status}")
+            })?;
         }
         settings.receipts.validate()
     }
@@ -165,7 +197,7 @@ impl Drop for InProgress {
 }
 
 /// Builds the simulator's router; the log is opened (and read back) here.
-pub fn router(settings: SimSettings) -> anyhow::Result<Router> {
+pub fn router(settings: SimSettings) -> Result<Router, SimError> {
     settings.validate()?;
     // A deployment's secrets may cover more gateways than this simulator runs (one secret set
     // for several simulators): those are unused, not wrong.
@@ -376,7 +408,7 @@ async fn effects(State(sim): State<Sim>) -> String {
 pub async fn fetch_effects(
     sim_url: &str,
     timeout: Duration,
-) -> anyhow::Result<std::collections::HashMap<String, Effect>> {
+) -> Result<std::collections::HashMap<String, Effect>, SimError> {
     let url = format!("{}/v1/effects", sim_url.trim_end_matches('/'));
     let text = reqwest::Client::new()
         .get(&url)
@@ -388,8 +420,9 @@ pub async fn fetch_effects(
         .await?;
     let mut effects = std::collections::HashMap::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let effect: Effect = serde_json::from_str(line)
-            .map_err(|err| anyhow::anyhow!("unreadable line from {url}: {err}: {line:?}"))?;
+        let effect: Effect = serde_json::from_str(line).map_err(|err| {
+            SimError::Unreadable(format!("unreadable line from {url}: {err}: {line:?}"))
+        })?;
         effects.insert(effect.key.clone(), effect);
     }
     Ok(effects)
@@ -414,7 +447,7 @@ impl Effect {
 pub async fn fetch_provider_views(
     sim_url: &str,
     timeout: Duration,
-) -> anyhow::Result<std::collections::HashMap<String, herald_core::verdict::ProviderView>> {
+) -> Result<std::collections::HashMap<String, herald_core::verdict::ProviderView>, SimError> {
     Ok(fetch_effects(sim_url, timeout)
         .await?
         .into_iter()

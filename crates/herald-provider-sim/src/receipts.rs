@@ -75,7 +75,7 @@ impl Default for ReceiptRates {
 }
 
 impl ReceiptRates {
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), crate::SimError> {
         for (name, rate) in [
             ("enroute", self.enroute_rate),
             ("silent", self.silent_rate),
@@ -84,16 +84,16 @@ impl ReceiptRates {
             ("undelivered", self.undelivered_rate),
             ("expired", self.expired_rate),
         ] {
-            anyhow::ensure!(
-                (0.0..=1.0).contains(&rate),
-                "{name} rate must be within 0..=1, got {rate}"
-            );
+            crate::require((0.0..=1.0).contains(&rate), || {
+                format!("{name} rate must be within 0..=1, got {rate}")
+            })?;
         }
-        anyhow::ensure!(self.post_batch >= 1, "the receipt batch must be at least 1");
-        anyhow::ensure!(
-            self.undelivered_rate + self.expired_rate <= 1.0,
-            "undelivered and expired rates add up to more than 1"
-        );
+        crate::require(self.post_batch >= 1, || {
+            "the receipt batch must be at least 1".to_owned()
+        })?;
+        crate::require(self.undelivered_rate + self.expired_rate <= 1.0, || {
+            "undelivered and expired rates add up to more than 1".to_owned()
+        })?;
         Ok(())
     }
 }
@@ -134,7 +134,7 @@ impl Sender {
         secrets: ReceiptSecrets,
         rates: ReceiptRates,
         record: Arc<tokio::sync::Mutex<Record>>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, crate::SimError> {
         let (queue, batcher) = mpsc::unbounded_channel();
         let slots = if rates.post_batch > 1 {
             CONCURRENT_BATCH_POSTS

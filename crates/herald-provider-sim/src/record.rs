@@ -3,13 +3,12 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::receipts::PlannedReceipt;
-use crate::Stats;
+use crate::{SimError, Stats};
 
 /// The answer to a submit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,11 +59,17 @@ pub struct Record {
     stats: Stats,
     /// Appended to with one `write(2)` per line, in place: see [`Record::append`].
     log: File,
+    /// Where `log` is, for errors.
+    path: PathBuf,
 }
 
 impl Record {
     /// Opens (or creates) the log and replays it.
-    pub fn open(path: &Path, gateways: &[String], id_wrap: u32) -> anyhow::Result<Self> {
+    pub fn open(path: &Path, gateways: &[String], id_wrap: u32) -> Result<Self, SimError> {
+        let log_error = |source| SimError::Log {
+            path: path.to_path_buf(),
+            source,
+        };
         let mut record = Self {
             gateways: gateways.to_vec(),
             id_wrap,
@@ -76,11 +81,12 @@ impl Record {
                 .create(true)
                 .append(true)
                 .open(path)
-                .with_context(|| format!("opening the submit log {}", path.display()))?,
+                .map_err(log_error)?,
+            path: path.to_path_buf(),
         };
-        let reader = BufReader::new(File::open(path)?);
+        let reader = BufReader::new(File::open(path).map_err(log_error)?);
         for (number, line) in reader.lines().enumerate() {
-            let line = line?;
+            let line = line.map_err(log_error)?;
             if line.trim().is_empty() {
                 continue;
             }
@@ -121,7 +127,7 @@ impl Record {
 
     /// Takes a submit: the first answer of a known key, or a new provider id. Its log line
     /// is written (handed to the operating system) before the answer is returned.
-    pub fn submit(&mut self, key: &str) -> anyhow::Result<SubmitAnswer> {
+    pub fn submit(&mut self, key: &str) -> Result<SubmitAnswer, SimError> {
         let (answer, n) = match self.answers.get(key) {
             Some((first, count)) => (
                 SubmitAnswer {
@@ -174,9 +180,11 @@ impl Record {
     /// each one to tokio's blocking pool, as this did, cost two thread switches per line: in
     /// a 200,000-message drain 31 % of the simulator's CPU samples were in the scheduler's
     /// task switch (`perf`), 0.10 CPU s per 1,000 messages in all (loadtest/README.md).
-    fn append(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        self.log.write_all(bytes)?;
-        Ok(())
+    fn append(&mut self, bytes: &[u8]) -> Result<(), SimError> {
+        self.log.write_all(bytes).map_err(|source| SimError::Log {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// Records, before any is posted, the receipts a first submit of `key` gets.
@@ -184,7 +192,7 @@ impl Record {
         &mut self,
         key: &str,
         receipts: Vec<PlannedReceipt>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), SimError> {
         let line = ReceiptLine {
             key: key.to_owned(),
             receipts,

@@ -51,8 +51,19 @@ pub struct ProviderClient {
     lookup_url: reqwest::Url,
 }
 
+/// A provider client that cannot be built from its settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderSetupError {
+    #[error("TLS material or HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("not a URL: {0}")]
+    Url(String),
+    #[error("the provider URL {0:?} cannot have paths below it")]
+    NotABase(String),
+}
+
 impl ProviderClient {
-    pub fn new(base_url: &str, timeout: Duration) -> anyhow::Result<Self> {
+    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, ProviderSetupError> {
         Self::with_tls(base_url, timeout, &herald_core::ClientTls::default())
     }
 
@@ -62,7 +73,7 @@ impl ProviderClient {
         base_url: &str,
         timeout: Duration,
         tls: &herald_core::ClientTls,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, ProviderSetupError> {
         let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(Duration::from_secs(2))
@@ -80,11 +91,11 @@ impl ProviderClient {
         }
         let client = builder.build()?;
         let base = base_url.trim_end_matches('/');
-        let lookup_url = reqwest::Url::parse(&format!("{base}/v1/submits"))?;
-        anyhow::ensure!(
-            !lookup_url.cannot_be_a_base(),
-            "the provider URL {base_url:?} cannot have paths below it"
-        );
+        let lookup_url = reqwest::Url::parse(&format!("{base}/v1/submits"))
+            .map_err(|err| ProviderSetupError::Url(format!("{base_url:?}: {err}")))?;
+        if lookup_url.cannot_be_a_base() {
+            return Err(ProviderSetupError::NotABase(base_url.to_owned()));
+        }
         Ok(Self {
             client,
             submit_url: format!("{base}/v1/submit"),
