@@ -35,6 +35,26 @@ pub enum CoordError {
     Config(String),
 }
 
+/// Refuses endpoints that cannot be connected to as configured, before any connection: a
+/// mix of `http://` and `https://`, or TLS material for `http://` endpoints.
+pub fn check_endpoints(endpoints: &[String], access: &EtcdAccess) -> Result<(), CoordError> {
+    let https = endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    if https > 0 && https < endpoints.len() {
+        return Err(CoordError::Config(
+            "the etcd endpoints mix http:// and https://".into(),
+        ));
+    }
+    if https == 0 && !endpoints.is_empty() && !access.tls.is_empty() {
+        return Err(CoordError::Config(
+            "an etcd CA or client certificate is set, but the endpoints are not https://".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// How to reach a secured etcd: TLS material and an optional user with its password.
 #[derive(Clone, Default)]
 pub struct EtcdAccess {
@@ -90,22 +110,8 @@ impl Coordinator {
             .with_connect_timeout(timeout)
             .with_timeout(timeout)
             .with_keep_alive(Duration::from_secs(2), timeout);
-        let https = endpoints
-            .iter()
-            .filter(|e| e.starts_with("https://"))
-            .count();
-        if https > 0 && https < endpoints.len() {
-            return Err(CoordError::Config(
-                "the etcd endpoints mix http:// and https://".into(),
-            ));
-        }
-        if https == 0 && !access.tls.is_empty() {
-            return Err(CoordError::Config(
-                "an etcd CA or client certificate is set, but the endpoints are not https://"
-                    .into(),
-            ));
-        }
-        if https > 0 {
+        check_endpoints(endpoints, access)?;
+        if endpoints.iter().any(|e| e.starts_with("https://")) {
             let mut tls = TlsOptions::new();
             tls = match &access.tls.ca {
                 Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),

@@ -148,7 +148,8 @@ impl PollerConfig {
         self.database.check()?;
         self.queue.check()?;
         self.queue.redis_tls.load()?;
-        self.etcd_access()?;
+        herald_coord::check_endpoints(&self.etcd_endpoints, &self.etcd_access()?)
+            .map_err(|err| ConfigError(format!("--etcd-endpoints: {err}")))?;
         ensure(self.lease_ttl >= Duration::from_secs(2), || {
             "--lease-ttl must be at least 2s".into()
         })?;
@@ -261,5 +262,9 @@ mod tests {
             "without --etcd-user",
         );
         refused(|c| c.queue.redis_status_url.clear(), "--redis-status-url");
+        refused(
+            |c| c.etcd_endpoints = vec!["http://a:2379".into(), "https://b:2379".into()],
+            "--etcd-endpoints: etcd configuration: the etcd endpoints mix",
+        );
     }
 }

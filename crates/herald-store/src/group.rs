@@ -47,10 +47,6 @@ pub fn register_metrics(writer: &'static str) {
 
 type Waiting<R, A> = (R, oneshot::Sender<Result<A, StoreError>>);
 
-/// The linger of the delivery path's group writers (the poller's claims, the send worker's
-/// confirms and ledger writes) when none is configured; see `--batch-linger`.
-pub const DEFAULT_LINGER: Duration = Duration::from_millis(10);
-
 /// How a group committer behaves.
 #[derive(Debug, Clone, Copy)]
 pub struct GroupSettings {
