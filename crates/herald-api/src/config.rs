@@ -116,6 +116,14 @@ pub struct ApiConfig {
     pub backlog_gauge_interval: Duration,
 }
 
+/// What [`ApiConfig::prepare`] builds from a configuration that passes its checks.
+pub struct PreparedApi {
+    pub limits: Limits,
+    pub groups: Groups,
+    pub redis_tls: herald_core::ClientTls,
+    pub credentials: Credentials,
+}
+
 /// Who may call the API. Keys and secrets are read from the environment (or from files named
 /// there), never from a command line: `herald` refuses them as flags.
 #[derive(Debug, Clone, Args, Serialize)]
@@ -190,14 +198,22 @@ impl ApiConfig {
     /// Every rule about these values, and the credentials' files read and parsed: a role that
     /// passes it fails later only on what it connects to.
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.prepare().map(drop)
+    }
+
+    /// [`ApiConfig::check`], answering what it built on the way, so the role reads each file
+    /// once.
+    pub fn prepare(&self) -> Result<PreparedApi, ConfigError> {
         self.database.check()?;
         self.pressure.check()?;
-        self.limits()?;
-        self.groups()?;
-        self.redis_tls.load()?;
-        self.credentials()?;
         ensure(!self.backlog_gauge_interval.is_zero(), || {
             "--backlog-gauge-interval must be more than 0".into()
+        })?;
+        Ok(PreparedApi {
+            limits: self.limits()?,
+            groups: self.groups()?,
+            redis_tls: self.redis_tls.load()?,
+            credentials: self.credentials()?,
         })
     }
 

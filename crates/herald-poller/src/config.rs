@@ -114,6 +114,12 @@ pub struct PollerConfig {
     pub stale_after: Duration,
 }
 
+/// What [`PollerConfig::prepare`] reads from a configuration that passes its checks.
+pub struct PreparedPoller {
+    pub redis_tls: herald_core::ClientTls,
+    pub etcd_access: herald_coord::EtcdAccess,
+}
+
 /// Pause of a partition after its queue store refused a publish.
 const PUBLISH_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -145,11 +151,14 @@ impl PollerConfig {
     /// Every rule about these values, with the etcd files and password read: a poller that
     /// passes it fails later only on what it connects to.
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.prepare().map(drop)
+    }
+
+    /// [`PollerConfig::check`], answering what it read on the way (the queue stores' TLS
+    /// material, etcd's TLS and user), so the role reads each file once.
+    pub fn prepare(&self) -> Result<PreparedPoller, ConfigError> {
         self.database.check()?;
         self.queue.check()?;
-        self.queue.redis_tls.load()?;
-        herald_coord::check_endpoints(&self.etcd_endpoints, &self.etcd_access()?)
-            .map_err(|err| ConfigError(format!("--etcd-endpoints: {err}")))?;
         ensure(self.lease_ttl >= Duration::from_secs(2), || {
             "--lease-ttl must be at least 2s".into()
         })?;
@@ -160,7 +169,14 @@ impl PollerConfig {
         ensure(
             !self.poll_interval.is_zero() && !self.redrive_interval.is_zero(),
             || "--poll-interval and --redrive-interval must be more than 0".into(),
-        )
+        )?;
+        let etcd_access = self.etcd_access()?;
+        herald_coord::check_endpoints(&self.etcd_endpoints, &etcd_access)
+            .map_err(|err| ConfigError(format!("--etcd-endpoints: {err}")))?;
+        Ok(PreparedPoller {
+            redis_tls: self.queue.redis_tls.load()?,
+            etcd_access,
+        })
     }
 
     /// How the poller paces itself.

@@ -97,8 +97,14 @@ impl MigrateConfig {
     }
 
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.prepare().map(drop)
+    }
+
+    /// [`MigrateConfig::check`], answering the partition count and the runtime role's
+    /// password (read once, from the environment or its file).
+    pub fn prepare(&self) -> Result<(PartitionCount, Option<String>), ConfigError> {
         self.database.check()?;
-        self.partition_count()?;
+        let partitions = self.partition_count()?;
         ensure(self.lock_attempts >= 1, || {
             "--lock-attempts must be at least 1".into()
         })?;
@@ -107,7 +113,8 @@ impl MigrateConfig {
             "a runtime role password is set but no --runtime-role (HERALD_RUNTIME_ROLE) names \
              the role"
                 .into()
-        })
+        })?;
+        Ok((partitions, password))
     }
 
     pub fn partition_count(&self) -> Result<PartitionCount, ConfigError> {

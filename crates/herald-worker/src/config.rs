@@ -139,6 +139,13 @@ pub struct WorkerConfig {
     pub reconcile_interval: Duration,
 }
 
+/// What [`WorkerConfig::prepare`] builds from a configuration that passes its checks.
+pub struct PreparedWorker {
+    pub redis_tls: herald_core::ClientTls,
+    /// The provider's client of a send worker; None for status.
+    pub provider: Option<ProviderClient>,
+}
+
 /// `--concurrency` of a send worker when none is given: `herald-loadtest drain --durable
 /// --messages 50000` delivered 1,457 msg/s at 64, 2,483 at 256, 3,385 at 512 and 3,587 at
 /// 1,024 (one run each, loadtest/README.md); 512 is past the knee at half the provider
@@ -200,6 +207,12 @@ impl WorkerConfig {
     /// Every rule about these values, with the provider's TLS files read: a worker that passes
     /// it fails later only on what it connects to.
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.prepare().map(drop)
+    }
+
+    /// [`WorkerConfig::check`], answering what it built on the way (the queue stores' TLS
+    /// material, the provider's client), so the role reads each file once.
+    pub fn prepare(&self) -> Result<PreparedWorker, ConfigError> {
         self.database.check()?;
         self.pressure.check()?;
         ensure(!self.redis_url.is_empty(), || {
@@ -222,9 +235,10 @@ impl WorkerConfig {
         self.send_settings("check")
             .validate()
             .map_err(|err| ConfigError(format!("--claim-lease / --max-attempts: {err}")))?;
-        self.redis_tls.load()?;
-        self.provider()?;
-        Ok(())
+        Ok(PreparedWorker {
+            redis_tls: self.redis_tls.load()?,
+            provider: self.provider()?,
+        })
     }
 
     /// This consumer's name: `--worker-id`, or host name and process id.

@@ -14,7 +14,6 @@ pub async fn main(args: ApiArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
-    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
     run(args.config, shutdown::on_signal()).await?;
     Ok(0)
@@ -22,11 +21,13 @@ pub async fn main(args: ApiArgs) -> anyhow::Result<i32> {
 
 pub async fn run(config: ApiConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     // Every rule and file is checked before anything connects: a bad one is a configuration
-    // error.
-    let limits = config.limits()?;
-    let groups = config.groups()?;
-    let credentials = config.credentials()?;
-    let redis_tls = config.redis_tls.load()?;
+    // error (exit 64).
+    let herald_api::config::PreparedApi {
+        limits,
+        groups,
+        redis_tls,
+        credentials,
+    } = config.prepare()?;
     let metrics = telemetry::init_metrics()?;
     let pool = super::connect(&config.database, false).await?;
     let partitions = herald_store::migrate::partition_count(&pool).await?;

@@ -61,12 +61,11 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     );
 
     // Each role's settings are its typed configuration, built here: the defaults a deployment
-    // gets, with this run's addresses, pool sizes and keys.
+    // gets, with this run's addresses, pool sizes and keys. Each role's run checks its own.
     let mut migrate = MigrateConfig::new(&database_url);
     migrate.partitions = args.partitions;
     migrate.runtime_role = Some(RUNTIME_ROLE.to_owned());
     migrate.runtime_role_password = Some(keys.runtime_password.clone());
-    migrate.check()?;
     super::migrate::migrate(&migrate).await?;
 
     let cancel = CancellationToken::new();
@@ -86,7 +85,6 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         receipt_secrets: Some(keys.receipt_secrets_value()),
         ..SimConfig::default()
     };
-    sim_config.check()?;
     roles.spawn(super::sim::run(sim_config, cancel.clone()));
 
     let mut api_config = ApiConfig::new(&runtime_url);
@@ -97,7 +95,6 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     api_config.auth.client_keys = Some(format!("{CLIENT}={}", keys.client_key));
     api_config.auth.operator_keys = Some(format!("{OPERATOR}={}", keys.operator_key));
     api_config.auth.receipt_secrets = Some(keys.receipt_secrets_value());
-    api_config.check()?;
     roles.spawn(super::api::run(api_config, cancel.clone()));
 
     let mut poller = PollerConfig::new(&runtime_url, send_redis.url(), status_redis.url());
@@ -106,7 +103,6 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     poller.poll_interval = Duration::from_millis(200);
     poller.etcd_endpoints = vec![etcd.endpoint()];
     poller.database.database_max_connections = 24;
-    poller.check()?;
     roles.spawn(super::poller::run(poller, cancel.clone()));
 
     for (job_type, redis, admin) in [
@@ -120,7 +116,6 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         if job_type == JobType::Send {
             worker.provider_url = Some(sim.clone());
         }
-        worker.check()?;
         roles.spawn(super::worker::run(worker, cancel.clone()));
     }
 

@@ -7,7 +7,6 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
-    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
     migrate(&args.config).await?;
     Ok(0)
@@ -15,8 +14,7 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<i32> {
 
 /// Brings the schema up to date and sets up the runtime role, if one is named.
 pub async fn migrate(config: &herald_store::config::MigrateConfig) -> anyhow::Result<()> {
-    let partitions = config.partition_count()?;
-    let password = config.password()?;
+    let (partitions, password) = config.prepare()?;
     let pool = super::connect(&config.database, false).await?;
     match herald_store::migrate::migrate_with_locks(&pool, partitions, config.locks()).await {
         Ok(()) => tracing::info!(%partitions, "schema is up to date"),

@@ -24,10 +24,10 @@ use sqlx::PgPool;
 use crate::cli::ConfigError;
 use crate::telemetry::Readiness;
 
-/// Opens the role's PostgreSQL pool. `generic_plans`: the role runs a few batched statements
+/// Opens the role's PostgreSQL pool (its settings checked by the role's `prepare`).
+/// `generic_plans`: the role runs a few batched statements
 /// all the time (workers, pollers; see `herald_store::GENERIC_PLANS`).
 pub async fn connect(database: &DatabaseConfig, generic_plans: bool) -> anyhow::Result<PgPool> {
-    database.check()?;
     let pool = herald_store::connect(&database.pool(generic_plans))
         .await
         .map_err(|err| {
@@ -68,7 +68,6 @@ pub fn monitored_stores(
     tls: &herald_core::ClientTls,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Vec<MonitoredStore>> {
-    pressure.check()?;
     Ok(queue_stores(urls, job_type, max_connections, tls)?
         .into_iter()
         .map(|store| {

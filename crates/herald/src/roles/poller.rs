@@ -17,17 +17,18 @@ pub async fn main(args: PollerArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
-    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
     run(args.config, shutdown::on_signal()).await?;
     Ok(0)
 }
 
 pub async fn run(config: PollerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
-    config.check()?;
-    // Every file is read before anything connects: a bad one is a configuration error.
-    let redis_tls = config.queue.redis_tls.load()?;
-    let etcd_access = config.etcd_access()?;
+    // Every rule and file is checked before anything connects: a bad one is a configuration
+    // error (exit 64).
+    let herald_poller::config::PreparedPoller {
+        redis_tls,
+        etcd_access,
+    } = config.prepare()?;
     // Bound before anything connects: a taken admin port fails the start, as the API's does.
     let admin_listener = telemetry::bind(config.admin_listen).await?;
     let metrics = telemetry::init_metrics()?;

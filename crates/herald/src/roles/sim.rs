@@ -12,7 +12,6 @@ pub async fn main(args: SimArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
-    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
     run(args.config, shutdown::on_signal()).await?;
     Ok(0)

@@ -16,7 +16,6 @@ pub async fn main(mut args: WorkerArgs) -> anyhow::Result<i32> {
     if print_config(&args.common, &args) {
         return Ok(0);
     }
-    args.config.check()?;
     telemetry::init_logs(args.common.log_format);
     run(args.config, shutdown::on_signal()).await?;
     Ok(0)
@@ -28,10 +27,11 @@ const HELD_RECEIPTS_INTERVAL: std::time::Duration = std::time::Duration::from_se
 
 pub async fn run(config: WorkerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     // Every rule and file is checked before anything connects: a bad one is a configuration
-    // error.
-    config.check()?;
-    let redis_tls = config.redis_tls.load()?;
-    let provider = config.provider()?;
+    // error (exit 64).
+    let herald_worker::config::PreparedWorker {
+        redis_tls,
+        provider,
+    } = config.prepare()?;
     // Bound before anything connects: a taken admin port fails the start, as the API's does.
     let admin_listener = telemetry::bind(config.admin_listen).await?;
     let metrics = telemetry::init_metrics()?;
