@@ -1,6 +1,8 @@
-//! Real servers on demand. Each test (and `herald dev`) gets its own PostgreSQL, Redis and
+//! Real servers on demand. A test (and `herald dev`) can start its own PostgreSQL, Redis and
 //! etcd processes, on free ports, in their own directories, torn down when the handle drops
-//! (also when a test panics). Any server can be stopped, killed and started again mid-test on
+//! (also when a test panics); a test that only needs a database takes one of its own on its
+//! test binary's shared PostgreSQL server instead ([`TestDatabase`], cloned from a migrated
+//! template in milliseconds). Any server can be stopped, killed and started again mid-test on
 //! the same port and data, and Herald's roles run as separate processes of the built binary
 //! so a test can kill -9, SIGTERM, SIGSTOP or restart them.
 
@@ -14,6 +16,7 @@ pub mod process;
 pub mod prometheus;
 pub mod redis;
 pub mod role;
+pub mod shared;
 pub mod tls;
 
 pub use deployment::{DeploymentOptions, LocalDeployment};
@@ -24,6 +27,7 @@ pub use process::children_of;
 pub use prometheus::{LocalPrometheus, ScrapeJob};
 pub use redis::{LocalRedis, RedisOptions};
 pub use role::RoleProcess;
+pub use shared::TestDatabase;
 pub use tls::{ServerTls, TestCerts};
 
 use std::net::TcpListener;

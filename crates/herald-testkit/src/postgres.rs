@@ -58,118 +58,21 @@ impl LocalPostgres {
 
     /// Starts a server whose files live under `root` (created, must be empty or absent).
     pub async fn start_in(root: &Path, options: &PostgresOptions) -> anyhow::Result<Self> {
-        let bin = bin_dir()?;
-        std::fs::create_dir_all(root)?;
-        let user = postgres_user()?;
-        let data_dir = root.join("data");
-        let socket_dir = root.join("socket");
-        std::fs::create_dir_all(&socket_dir)?;
-        if let Some((uid, gid)) = user {
-            for dir in [root, &socket_dir] {
-                std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
-            }
-        }
-        let log = root.join("postgres.log");
-        std::fs::write(&log, b"")?;
-        if let Some((uid, gid)) = user {
-            std::os::unix::fs::chown(&log, Some(uid), Some(gid))?;
-        }
-
-        let mut initdb = tokio::process::Command::new(bin.join("initdb"));
-        initdb
-            .args([
-                "-D",
-                path_str(&data_dir)?,
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-            ])
-            .args(["--no-sync", "--locale=C.UTF-8"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        if let Some((uid, gid)) = user {
-            initdb.uid(uid).gid(gid);
-        }
-        let out = initdb.output().await.context("running initdb")?;
-        if !out.status.success() {
-            bail!(
-                "initdb failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-
-        let port = free_port()?;
-        let mut args = vec![
-            "-D".to_owned(),
-            path_str(&data_dir)?.to_owned(),
-            "-p".to_owned(),
-            port.to_string(),
-            "-k".to_owned(),
-            path_str(&socket_dir)?.to_owned(),
-            "-c".to_owned(),
-            "listen_addresses=127.0.0.1".to_owned(),
-            "-c".to_owned(),
-            format!("max_connections={}", options.max_connections),
-        ];
-        if let Some(tls) = &options.tls {
-            // The server reads its key only when the server's user owns it, mode 0600.
-            let dir = root.join("tls");
-            std::fs::create_dir_all(&dir)?;
-            for (from, name) in [
-                (&tls.cert, "server.pem"),
-                (&tls.key, "server.key"),
-                (&tls.ca, "ca.pem"),
-            ] {
-                let to = dir.join(name);
-                std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
-                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-                if let Some((uid, gid)) = user {
-                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;
-                }
-            }
-            for setting in [
-                "ssl=on".to_owned(),
-                format!("ssl_cert_file={}", path_str(&dir.join("server.pem"))?),
-                format!("ssl_key_file={}", path_str(&dir.join("server.key"))?),
-                format!("ssl_ca_file={}", path_str(&dir.join("ca.pem"))?),
-            ] {
-                args.push("-c".to_owned());
-                args.push(setting);
-            }
-        }
-        // Extra server settings for a profiling run, space-separated `name=value`
-        // (`loadtest/README.md`: `shared_preload_libraries=pg_stat_statements`).
-        if let Ok(extra) = std::env::var("HERALD_PG_SETTINGS") {
-            for setting in extra.split_whitespace() {
-                args.push("-c".to_owned());
-                args.push(setting.to_owned());
-            }
-        }
-        if !options.durable {
-            for setting in [
-                "fsync=off",
-                "synchronous_commit=off",
-                "full_page_writes=off",
-            ] {
-                args.push("-c".to_owned());
-                args.push(setting.to_owned());
-            }
-        }
+        let prepared = {
+            let (root, options) = (root.to_path_buf(), options.clone());
+            tokio::task::spawn_blocking(move || Prepared::new(&root, &options)).await??
+        };
         let process = Managed::spawn(Launch {
-            program: bin.join("postgres"),
-            args,
+            program: prepared.bin.join("postgres"),
+            args: prepared.args,
             env: Vec::new(),
-            user,
-            log,
+            user: prepared.user,
+            log: prepared.log,
         })?;
         let pg = Self {
             process,
-            port,
-            data_dir,
+            port: prepared.port,
+            data_dir: prepared.data_dir,
             _temp: None,
         };
         pg.wait_ready().await?;
@@ -267,6 +170,135 @@ impl LocalPostgres {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.process.start()?;
         self.wait_ready().await
+    }
+}
+
+/// A data directory made by initdb and the command line that serves it: everything up to
+/// starting the postmaster (shared by [`LocalPostgres`] and the per-binary server of
+/// [`crate::shared`]).
+pub(crate) struct Prepared {
+    pub bin: PathBuf,
+    pub data_dir: PathBuf,
+    pub port: u16,
+    pub args: Vec<String>,
+    pub user: Option<(u32, u32)>,
+    pub log: PathBuf,
+}
+
+impl Prepared {
+    /// Runs initdb under `root` (created, must be empty or absent) and builds the server's
+    /// arguments. Blocks for initdb (about a second).
+    pub fn new(root: &Path, options: &PostgresOptions) -> anyhow::Result<Self> {
+        let bin = bin_dir()?;
+        std::fs::create_dir_all(root)?;
+        let user = postgres_user()?;
+        let data_dir = root.join("data");
+        let socket_dir = root.join("socket");
+        std::fs::create_dir_all(&socket_dir)?;
+        if let Some((uid, gid)) = user {
+            for dir in [root, &socket_dir] {
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+            }
+        }
+        let log = root.join("postgres.log");
+        std::fs::write(&log, b"")?;
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&log, Some(uid), Some(gid))?;
+        }
+
+        let mut initdb = std::process::Command::new(bin.join("initdb"));
+        initdb
+            .args([
+                "-D",
+                path_str(&data_dir)?,
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+            ])
+            .args(["--no-sync", "--locale=C.UTF-8"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some((uid, gid)) = user {
+            std::os::unix::process::CommandExt::uid(&mut initdb, uid);
+            std::os::unix::process::CommandExt::gid(&mut initdb, gid);
+        }
+        let out = initdb.output().context("running initdb")?;
+        if !out.status.success() {
+            bail!(
+                "initdb failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+
+        let port = free_port()?;
+        let mut args = vec![
+            "-D".to_owned(),
+            path_str(&data_dir)?.to_owned(),
+            "-p".to_owned(),
+            port.to_string(),
+            "-k".to_owned(),
+            path_str(&socket_dir)?.to_owned(),
+            "-c".to_owned(),
+            "listen_addresses=127.0.0.1".to_owned(),
+            "-c".to_owned(),
+            format!("max_connections={}", options.max_connections),
+        ];
+        if let Some(tls) = &options.tls {
+            // The server reads its key only when the server's user owns it, mode 0600.
+            let dir = root.join("tls");
+            std::fs::create_dir_all(&dir)?;
+            for (from, name) in [
+                (&tls.cert, "server.pem"),
+                (&tls.key, "server.key"),
+                (&tls.ca, "ca.pem"),
+            ] {
+                let to = dir.join(name);
+                std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+                if let Some((uid, gid)) = user {
+                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;
+                }
+            }
+            for setting in [
+                "ssl=on".to_owned(),
+                format!("ssl_cert_file={}", path_str(&dir.join("server.pem"))?),
+                format!("ssl_key_file={}", path_str(&dir.join("server.key"))?),
+                format!("ssl_ca_file={}", path_str(&dir.join("ca.pem"))?),
+            ] {
+                args.push("-c".to_owned());
+                args.push(setting);
+            }
+        }
+        // Extra server settings for a profiling run, space-separated `name=value`
+        // (`loadtest/README.md`: `shared_preload_libraries=pg_stat_statements`).
+        if let Ok(extra) = std::env::var("HERALD_PG_SETTINGS") {
+            for setting in extra.split_whitespace() {
+                args.push("-c".to_owned());
+                args.push(setting.to_owned());
+            }
+        }
+        if !options.durable {
+            for setting in [
+                "fsync=off",
+                "synchronous_commit=off",
+                "full_page_writes=off",
+            ] {
+                args.push("-c".to_owned());
+                args.push(setting.to_owned());
+            }
+        }
+        Ok(Self {
+            bin,
+            data_dir,
+            port,
+            args,
+            user,
+            log,
+        })
     }
 }
 

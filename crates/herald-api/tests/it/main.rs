@@ -15,7 +15,7 @@ mod receipts;
 use herald_api::auth::Credentials;
 use herald_api::{ApiState, Limits};
 use herald_core::PartitionCount;
-use herald_testkit::LocalPostgres;
+use herald_testkit::TestDatabase;
 use reqwest::Response;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -24,21 +24,13 @@ pub struct TestApi {
     pub base: String,
     pub pool: PgPool,
     pub client: reqwest::Client,
-    _pg: LocalPostgres,
+    _db: TestDatabase,
 }
 
 impl TestApi {
     pub async fn start(credentials: Credentials, limits: Limits) -> Self {
-        let pg = LocalPostgres::start().await.expect("postgres");
-        let url = pg.create_database("herald").await.expect("database");
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&url)
-            .await
-            .expect("connect");
-        herald_store::migrate::migrate(&pool, PartitionCount::new(8).unwrap())
-            .await
-            .expect("migrate");
+        let db = TestDatabase::migrated(8).await.expect("database");
+        let pool = db.pool(8).await.expect("connect");
         let state = ApiState::new(
             pool.clone(),
             PartitionCount::new(8).unwrap(),
@@ -57,7 +49,7 @@ impl TestApi {
             base,
             pool,
             client: reqwest::Client::new(),
-            _pg: pg,
+            _db: db,
         }
     }
 

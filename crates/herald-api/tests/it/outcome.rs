@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use herald_api::{ApiState, Limits};
 use herald_core::PartitionCount;
-use herald_testkit::LocalPostgres;
+use herald_testkit::TestDatabase;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
@@ -44,18 +44,11 @@ impl Proxy {
 #[tokio::test]
 async fn a_connection_lost_after_the_insert_was_sent_is_answered_as_unknown_not_as_nothing_written()
 {
-    let pg = LocalPostgres::start().await.expect("postgres");
-    let url = pg.create_database("herald").await.expect("database");
-    let direct = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await
-        .unwrap();
-    herald_store::migrate::migrate(&direct, PartitionCount::new(8).unwrap())
-        .await
-        .unwrap();
-    let proxy = Proxy::start(pg.port()).await;
-    let through_proxy = url.replace(&format!(":{}/", pg.port()), &format!(":{}/", proxy.port));
+    let db = TestDatabase::migrated(8).await.expect("database");
+    let url = db.url();
+    let direct = db.pool(4).await.unwrap();
+    let proxy = Proxy::start(db.port()).await;
+    let through_proxy = url.replace(&format!(":{}/", db.port()), &format!(":{}/", proxy.port));
     assert_ne!(through_proxy, url, "the proxy URL must differ: {url}");
     let api_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)

@@ -1,5 +1,6 @@
 //! The store against a real PostgreSQL: schema, accept, the outbox life cycle, the worker's
-//! statements. Each test starts its own server.
+//! statements. Each test gets its own database on the binary's server
+//! (`herald_testkit::shared`); a test that needs a server of its own starts one.
 
 mod accept;
 mod outbox;
@@ -7,25 +8,19 @@ mod plans;
 mod schema;
 mod worker;
 
-use herald_core::PartitionCount;
 use herald_store::accept::{fingerprint, NewMessage};
-use herald_testkit::LocalPostgres;
+use herald_testkit::TestDatabase;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// A fresh server with Herald's schema installed for `partitions`.
-pub async fn migrated(partitions: u32) -> (LocalPostgres, PgPool) {
-    let pg = LocalPostgres::start().await.expect("start postgres");
-    let url = pg.create_database("herald").await.expect("create database");
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
+/// A fresh database with Herald's schema installed for `partitions`, on the binary's shared
+/// server (cloned from a migrated template).
+pub async fn migrated(partitions: u32) -> (TestDatabase, PgPool) {
+    let db = TestDatabase::migrated(partitions)
         .await
-        .expect("connect");
-    herald_store::migrate::migrate(&pool, PartitionCount::new(partitions).unwrap())
-        .await
-        .expect("migrate");
-    (pg, pool)
+        .expect("migrated database");
+    let pool = db.pool(8).await.expect("connect");
+    (db, pool)
 }
 
 /// A valid message for `partition`.

@@ -239,8 +239,8 @@ fn print_config_masks_passwords() {
 
 #[tokio::test]
 async fn migrate_refuses_another_partition_count() {
-    let pg = herald_testkit::LocalPostgres::start().await.unwrap();
-    let url = pg.create_database("herald").await.unwrap();
+    let db = herald_testkit::TestDatabase::empty().await.unwrap();
+    let url = db.url();
     let run = |partitions: &str| {
         std::process::Command::new(HERALD)
             .args([
