@@ -2,12 +2,14 @@
 //! lease can expire.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{CoordError, Coordinator};
+use crate::coordination::{Coordination, KeepAlive};
+use crate::CoordError;
 
 /// Renewals that did not get through (etcd unreachable or slow).
 pub const RENEW_FAILURES: &str = "herald_lease_renew_failures_total";
@@ -34,19 +36,16 @@ pub struct Membership {
 
 impl Membership {
     /// Grants a lease of `ttl`, registers `member` under it, and keeps it alive. The lease is
-    /// reported [`LeaseHealth::AtRisk`] once `ttl / 2` passed without a successful renewal.
-    pub async fn join(
-        coord: &Coordinator,
+    /// reported [`LeaseHealth::AtRisk`] once half its TTL passed without a successful renewal.
+    pub async fn join<C: Coordination>(
+        coord: &C,
         member: &str,
         ttl: Duration,
     ) -> Result<Self, CoordError> {
-        let mut client = coord.client();
-        let ttl_secs = ttl.as_secs().max(2) as i64;
-        let lease = client.lease_grant(ttl_secs, None).await?.id();
+        let (lease, ttl) = coord.grant(ttl).await?;
         coord.put_member(member, lease).await?;
         let (tx, health) = watch::channel(LeaseHealth::Held);
         let stop = CancellationToken::new();
-        let ttl = Duration::from_secs(ttl_secs as u64);
         tokio::spawn(keep_alive(
             coord.clone(),
             lease,
@@ -81,10 +80,9 @@ impl Membership {
 
     /// Stops renewing and revokes the lease: every key on it (the member key, any ownership
     /// key still held) is deleted at once.
-    pub async fn leave(self, coord: &Coordinator) {
+    pub async fn leave<C: Coordination>(self, coord: &C) {
         self.stop.cancel();
-        let mut client = coord.client();
-        if let Err(err) = client.lease_revoke(self.lease).await {
+        if let Err(err) = coord.revoke(self.lease).await {
             tracing::warn!(error = %err, "revoking the lease failed; its keys expire with the TTL");
         }
     }
@@ -96,8 +94,8 @@ impl Drop for Membership {
     }
 }
 
-async fn keep_alive(
-    coord: Coordinator,
+async fn keep_alive<C: Coordination>(
+    coord: C,
     lease: i64,
     ttl: Duration,
     health: Arc<watch::Sender<LeaseHealth>>,
@@ -106,30 +104,24 @@ async fn keep_alive(
     let interval = ttl / 4;
     let margin = ttl / 2;
     let mut last_renewed = Instant::now();
-    let mut keeper = None;
+    let mut keeper: Option<C::KeepAlive> = None;
     loop {
         if keeper.is_none() {
-            let mut client = coord.client();
-            match tokio::time::timeout(interval, client.lease_keep_alive(lease)).await {
-                Ok(Ok(pair)) => keeper = Some(pair),
+            match tokio::time::timeout(interval, coord.keep_alive(lease)).await {
+                Ok(Ok(opened)) => keeper = Some(opened),
                 Ok(Err(err)) => {
                     tracing::warn!(error = %err, "cannot open the lease keep-alive stream")
                 }
                 Err(_) => tracing::warn!("opening the lease keep-alive stream timed out"),
             }
         }
+        // Err(true): the coordinator says the lease is gone; Err(false): no answer.
         let renewed = match keeper.as_mut() {
-            Some((keeper, stream)) => {
-                let round = async {
-                    keeper.keep_alive().await?;
-                    stream.message().await
-                };
-                match tokio::time::timeout(interval, round).await {
-                    Ok(Ok(Some(answer))) if answer.ttl() > 0 => Ok(()),
-                    Ok(Ok(Some(_))) => Err(true),
-                    Ok(Ok(None)) | Ok(Err(_)) | Err(_) => Err(false),
-                }
-            }
+            Some(keeper) => match tokio::time::timeout(interval, keeper.renew()).await {
+                Ok(Ok(true)) => Ok(()),
+                Ok(Ok(false)) => Err(true),
+                Ok(Err(_)) | Err(_) => Err(false),
+            },
             None => Err(false),
         };
         match renewed {

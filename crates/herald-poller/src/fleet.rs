@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use futures::StreamExt;
 use std::time::{Duration, Instant};
 
-use herald_coord::{Coordinator, LeaseHealth, Membership};
+use herald_coord::{Changes, Coordination, Coordinator, LeaseHealth, Membership};
 use herald_core::{assignment::assign, Fence, PartitionCount};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
@@ -38,10 +38,12 @@ pub struct FleetSettings {
     pub drain_timeout: Duration,
 }
 
-/// A poller that shares the partitions with the rest of the fleet.
-pub struct Fleet {
+/// A poller that shares the partitions with the rest of the fleet, through etcd
+/// ([`Coordinator`], the default) or any other [`Coordination`] (the fleet's tests use
+/// [`herald_coord::MemoryCoordination`]).
+pub struct Fleet<C = Coordinator> {
     pub poller: Poller,
-    pub coord: Coordinator,
+    pub coord: C,
     pub pool: PgPool,
     pub partitions: PartitionCount,
     pub settings: FleetSettings,
@@ -60,7 +62,7 @@ enum Exit {
     LeaseLost,
 }
 
-impl Fleet {
+impl<C: Coordination> Fleet<C> {
     /// Runs until `cancel`: joins, owns its share, hands partitions over as the fleet changes,
     /// and on cancel drains, deletes its keys (by revoking its lease) and returns.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), PollerError> {
@@ -149,7 +151,7 @@ impl Fleet {
                     debug_assert_ne!(health, LeaseHealth::Held);
                     return Exit::LeaseLost;
                 }
-                changed = next_change(&self.coord, &mut watch, &mut released_at), if watch.is_some() => {
+                changed = next_change(&mut watch, &mut released_at), if watch.is_some() => {
                     if !changed {
                         watch = None;
                     }
@@ -384,35 +386,26 @@ impl Fleet {
 
 /// Waits for the next watch message; records when ownership keys were deleted. Returns false
 /// when the watch ended (it is then re-created).
-async fn next_change(
-    coord: &Coordinator,
-    watch: &mut Option<etcd_client::WatchStream>,
-    released_at: &mut HashMap<u32, Instant>,
-) -> bool {
+async fn next_change(watch: &mut Option<Changes>, released_at: &mut HashMap<u32, Instant>) -> bool {
     let Some(stream) = watch.as_mut() else {
         return false;
     };
-    let mut note = |response: etcd_client::WatchResponse| {
-        for event in response.events() {
-            if event.event_type() == etcd_client::EventType::Delete {
-                if let Some(partition) = event.kv().and_then(|kv| coord.partition_of_key(kv.key()))
-                {
-                    released_at.entry(partition).or_insert_with(Instant::now);
-                }
-            }
+    let mut note = |change: herald_coord::Change| {
+        for partition in change.released {
+            released_at.entry(partition).or_insert_with(Instant::now);
         }
     };
-    match stream.message().await {
-        Ok(Some(response)) => {
-            note(response);
+    match stream.next().await {
+        Some(Ok(change)) => {
+            note(change);
             // Coalesce a burst (a handoff of many partitions) into one reconcile.
-            while let Ok(Ok(Some(more))) =
-                tokio::time::timeout(Duration::from_millis(20), stream.message()).await
+            while let Ok(Some(Ok(more))) =
+                tokio::time::timeout(Duration::from_millis(20), stream.next()).await
             {
                 note(more);
             }
             true
         }
-        Ok(None) | Err(_) => false,
+        Some(Err(_)) | None => false,
     }
 }
