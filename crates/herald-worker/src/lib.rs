@@ -14,6 +14,8 @@ pub mod status;
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald_core::job::Job;
+use herald_core::JobType;
 use herald_queue::{Delivery, QueueStore};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -65,51 +67,55 @@ pub enum Handled {
     Keep,
 }
 
-/// A job type's handler.
+/// A job type's handler: it names the job type it does, and the runtime hands it only
+/// decoded jobs of that type, read together. Everything around the handler lives once, in
+/// this runtime: reading and reclaiming entries, dropping (counted and logged) entries that
+/// are not jobs or are another type's, the concurrency limit, the in-flight gauge, a panic
+/// caught and counted (the batch's entries stay pending and are reclaimed), and acknowledging
+/// exactly the entries whose outcome the handler recorded. Adding a job type is a variant of
+/// `herald_core::JobType` and a handler (`docs/DESIGN.md`, "The worker server").
 pub trait Handler: Send + Sync + 'static {
+    /// The job type this handler does.
+    const JOB_TYPE: JobType;
+
+    /// Handles jobs read together, each with the entry id it came in, answering each entry id
+    /// with its outcome. A handler that can share statements between jobs (the send handler
+    /// confirms a whole batch in one) does; any handler may handle them one by one.
     fn handle(
         &self,
-        delivery: Delivery,
+        jobs: BatchJobs,
         cancel: CancellationToken,
-    ) -> impl std::future::Future<Output = Handled> + Send;
-
-    /// Handles entries read together, answering each entry id with its outcome. The default
-    /// handles each on its own, concurrently; a handler that can share statements between
-    /// jobs (the send handler confirms a whole batch in one) overrides it.
-    fn handle_batch(
-        &self,
-        deliveries: Vec<Delivery>,
-        cancel: CancellationToken,
-    ) -> impl std::future::Future<Output = Vec<(String, Handled)>> + Send {
-        async move {
-            let handled = deliveries.into_iter().map(|delivery| {
-                let entry_id = delivery.entry_id.clone();
-                let cancel = cancel.clone();
-                async move { (entry_id, self.handle(delivery, cancel).await) }
-            });
-            futures::future::join_all(handled).await
-        }
-    }
+    ) -> impl std::future::Future<Output = BatchAnswers> + Send;
 }
 
 /// Jobs of a batch, each with the entry id it came in.
-pub type BatchJobs = Vec<(String, herald_core::job::Job)>;
+pub type BatchJobs = Vec<(String, Job)>;
 /// Entry ids with what their handler decided.
 pub type BatchAnswers = Vec<(String, Handled)>;
 
-/// Splits entries read together into the jobs `decode` takes and the answers (Done) for the
-/// entries it dropped (wrong type, undecodable: counted and logged by `decode`).
-pub fn decode_batch(
-    deliveries: Vec<Delivery>,
-    decode: impl Fn(Delivery) -> Option<herald_core::job::Job>,
-) -> (BatchJobs, BatchAnswers) {
+/// Splits entries read together into the jobs of `job_type` and the answers (Done) for the
+/// entries dropped: another type's job, or not a job at all. Each dropped copy is counted and
+/// logged; its outbox row stays the proof that the work is owed, and re-drives it.
+pub fn decode_batch(job_type: JobType, deliveries: Vec<Delivery>) -> (BatchJobs, BatchAnswers) {
     let mut jobs = Vec::with_capacity(deliveries.len());
     let mut dropped = Vec::new();
     for delivery in deliveries {
-        let entry_id = delivery.entry_id.clone();
-        match decode(delivery) {
-            Some(job) => jobs.push((entry_id, job)),
-            None => dropped.push((entry_id, Handled::Done)),
+        let entry_id = delivery.entry_id;
+        match delivery.job {
+            Ok(job) if job.job_type == job_type => jobs.push((entry_id, job)),
+            Ok(job) => {
+                ::metrics::counter!(m::JOBS, "job_type" => job_type.as_str(), "outcome" => "wrong_job_type")
+                    .increment(1);
+                tracing::error!(entry = %entry_id, stream = %job_type, job_type = %job.job_type,
+                    outbox_id = job.outbox_id, "another job type's job is on this stream; dropping this copy (its outbox row stays the proof)");
+                dropped.push((entry_id, Handled::Done));
+            }
+            Err(raw) => {
+                ::metrics::counter!(m::MALFORMED, "job_type" => job_type.as_str()).increment(1);
+                tracing::error!(entry = %entry_id, stream = %job_type, raw = %raw,
+                    "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
+                dropped.push((entry_id, Handled::Done));
+            }
         }
     }
     (jobs, dropped)
@@ -243,7 +249,10 @@ async fn read_shard<H: Handler>(
         tasks.spawn(async move {
             // Counted out on drop, so a panicking handler does not stay counted.
             let _in_flight = InFlight::new(store.job_type().as_str(), deliveries.len());
-            let handled = handler.handle_batch(deliveries, cancel).await;
+            let (jobs, mut handled) = decode_batch(H::JOB_TYPE, deliveries);
+            if !jobs.is_empty() {
+                handled.extend(handler.handle(jobs, cancel).await);
+            }
             let done: Vec<String> = handled
                 .into_iter()
                 .filter(|(_, handled)| *handled == Handled::Done)

@@ -10,11 +10,9 @@ use std::time::Duration;
 
 use herald_core::job::Job;
 use herald_core::{send_effect_key, JobType};
-use herald_queue::Delivery;
 use herald_store::effects::{
-    confirm_ownership, confirm_ownership_batch, recipient_of, recipients_of, record_failed,
-    reject_before_claim, renew_leases, schedule_retry, AcceptedEffect, AttemptEnd, OwnedSend,
-    ProviderReceipt, RetryOf, RetryOutcome,
+    confirm_ownership_batch, recipients_of, record_failed, reject_before_claim, renew_leases,
+    schedule_retry, AcceptedEffect, AttemptEnd, OwnedSend, ProviderReceipt, RetryOf, RetryOutcome,
 };
 use herald_store::group::{GroupCommit, GroupSettings};
 use herald_store::StoreError;
@@ -25,7 +23,7 @@ use uuid::Uuid;
 use crate::metrics as m;
 use crate::provider::{ProviderClient, SubmitOutcome};
 use crate::recorder::AcceptedRecorder;
-use crate::{Handled, Handler};
+use crate::{BatchAnswers, BatchJobs, Handled, Handler};
 
 #[derive(Debug, Clone)]
 pub struct SendSettings {
@@ -221,26 +219,6 @@ impl SendHandler {
     }
 }
 
-/// The send job in an entry, or `None` (counted and logged) for an entry that is not one: its
-/// copy is dropped, its outbox row stays the proof.
-fn send_job(delivery: Delivery) -> Option<Job> {
-    match delivery.job {
-        Ok(job) if job.job_type == JobType::Send => Some(job),
-        Ok(job) => {
-            outcome("wrong_job_type");
-            tracing::error!(entry = %delivery.entry_id, job_type = %job.job_type,
-                outbox_id = job.outbox_id, "a non-send job is on the send stream; dropping this copy (its outbox row stays the proof)");
-            None
-        }
-        Err(raw) => {
-            ::metrics::counter!(m::MALFORMED, "job_type" => "send").increment(1);
-            tracing::error!(entry = %delivery.entry_id, raw = %raw,
-                "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
-            None
-        }
-    }
-}
-
 fn handled(job: &Job, result: Result<(), StoreError>) -> Handled {
     match result {
         Ok(()) => Handled::Done,
@@ -254,22 +232,13 @@ fn handled(job: &Job, result: Result<(), StoreError>) -> Handled {
 }
 
 impl Handler for SendHandler {
-    async fn handle(&self, delivery: Delivery, cancel: CancellationToken) -> Handled {
-        let Some(job) = send_job(delivery) else {
-            return Handled::Done;
-        };
-        handled(&job, self.send(&job, &cancel).await)
-    }
+    const JOB_TYPE: JobType = JobType::Send;
 
     /// The batched path: internal checks for the whole batch, ownership of the whole batch
     /// confirmed in one statement (CLAIMED committed before any call), the provider called
     /// for every job at once, and each ACCEPTED group-committed after its own call.
-    async fn handle_batch(
-        &self,
-        deliveries: Vec<Delivery>,
-        cancel: CancellationToken,
-    ) -> Vec<(String, Handled)> {
-        let (jobs, mut answers) = crate::decode_batch(deliveries, send_job);
+    async fn handle(&self, jobs: BatchJobs, cancel: CancellationToken) -> BatchAnswers {
+        let mut answers = Vec::with_capacity(jobs.len());
         let jobs = match self.refuse_blocked(jobs).await {
             Ok(jobs) => jobs,
             Err((err, jobs)) => {
@@ -322,39 +291,6 @@ impl Handler for SendHandler {
 }
 
 impl SendHandler {
-    #[tracing::instrument(skip_all, fields(outbox_id = job.outbox_id, partition = job.partition))]
-    async fn send(&self, job: &Job, cancel: &CancellationToken) -> Result<(), StoreError> {
-        if let Some(reason) = self.internal_check(job).await? {
-            let rejected =
-                reject_before_claim(&self.pool, job.partition, job.outbox_id, &reason).await?;
-            outcome(if rejected {
-                "rejected_internal"
-            } else {
-                "stale_copy"
-            });
-            return Ok(());
-        }
-        let Some(owned) = confirm_ownership(
-            &self.pool,
-            job.partition,
-            job.outbox_id,
-            &self.settings.worker,
-            self.settings.claim_lease,
-        )
-        .await?
-        else {
-            // Another copy of this job was confirmed, or the row was re-driven.
-            outcome("stale_copy");
-            return Ok(());
-        };
-        ::metrics::counter!(m::CONFIRMED, "job_type" => "send").increment(1);
-        if owned.already_accepted {
-            outcome("already_accepted");
-            return Ok(());
-        }
-        self.call_and_record(job, &owned, cancel).await
-    }
-
     /// Calls the provider for a send this worker owns (CLAIMED is committed, the attempt
     /// charged) and records the outcome: ACCEPTED with its ledger row through the group
     /// commit, FAILED, or a retry. An attempt past `max_attempts` (the last one's outcome was
@@ -486,20 +422,6 @@ impl SendHandler {
             }
         }
         Ok(allowed)
-    }
-
-    /// The checks a message must pass before it may be claimed; `Some(reason)` refuses it.
-    async fn internal_check(&self, job: &Job) -> Result<Option<String>, StoreError> {
-        if self.settings.blocked_recipients.is_empty() {
-            return Ok(None);
-        }
-        let Some(message_id) = job.message_id else {
-            return Ok(None);
-        };
-        let recipient = recipient_of(&self.pool, message_id).await?;
-        Ok(recipient
-            .filter(|r| self.settings.blocked_recipients.contains(r))
-            .map(|r| format!("recipient {r} is blocked")))
     }
 
     fn backoff(&self, attempt: i32) -> Duration {

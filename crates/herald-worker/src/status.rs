@@ -14,7 +14,6 @@ use herald_core::job::Job;
 use herald_core::receipt::{decode, map_status, parse_timestamp};
 use herald_core::JobType;
 use herald_core::MessageState;
-use herald_queue::Delivery;
 use herald_store::receipts::{
     count_held, finish_status_jobs, ledger_committed_up_to, load_receipts, mark_silent_unknown,
     messages_for_receipts, park_expired_held, reconcile_ledger, release_held_receipts,
@@ -27,7 +26,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
-use crate::{Handled, Handler};
+use crate::{BatchAnswers, BatchJobs, Handled, Handler};
 
 #[derive(Debug, Clone, Default)]
 pub struct StatusSettings {
@@ -74,26 +73,6 @@ enum Step<'a> {
     Mapped(Mapped<'a>),
 }
 
-/// The status job in an entry, or `None` (counted and logged) for an entry that is not one:
-/// its copy is dropped, its outbox row stays the proof.
-fn status_job(delivery: Delivery) -> Option<Job> {
-    match delivery.job {
-        Ok(job) if job.job_type == JobType::Status => Some(job),
-        Ok(job) => {
-            outcome("wrong_job_type");
-            tracing::error!(entry = %delivery.entry_id, job_type = %job.job_type, outbox_id = job.outbox_id,
-                "a non-status job is on the status stream; dropping this copy (its outbox row stays the proof)");
-            None
-        }
-        Err(raw) => {
-            ::metrics::counter!(m::MALFORMED, "job_type" => "status").increment(1);
-            tracing::error!(entry = %delivery.entry_id, raw = %raw,
-                "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
-            None
-        }
-    }
-}
-
 /// Counts one receipt's end (every end is recorded in PostgreSQL).
 fn counted(job: &Job, applied: Applied) {
     match applied {
@@ -112,23 +91,13 @@ fn counted(job: &Job, applied: Applied) {
 }
 
 impl Handler for StatusHandler {
-    async fn handle(&self, delivery: Delivery, cancel: CancellationToken) -> Handled {
-        self.handle_batch(vec![delivery], cancel)
-            .await
-            .pop()
-            .map(|(_, handled)| handled)
-            .unwrap_or(Handled::Keep)
-    }
+    const JOB_TYPE: JobType = JobType::Status;
 
     /// A batch of receipts: loaded in one query, decoded and mapped, their messages found in
     /// one query, and applied (states appended, jobs DONE) in one statement. Parking and
     /// holding, the rare ends, keep their own statements.
-    async fn handle_batch(
-        &self,
-        deliveries: Vec<Delivery>,
-        cancel: CancellationToken,
-    ) -> Vec<(String, Handled)> {
-        let (jobs, mut answers) = crate::decode_batch(deliveries, status_job);
+    async fn handle(&self, jobs: BatchJobs, cancel: CancellationToken) -> BatchAnswers {
+        let mut answers = Vec::with_capacity(jobs.len());
         let just_jobs: Vec<&Job> = jobs.iter().map(|(_, job)| job).collect();
         // A batch shares its statements with other writers (the send worker's group commit
         // touches the same messages), so a deadlock or a dropped connection fails the whole

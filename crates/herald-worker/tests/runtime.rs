@@ -1,4 +1,5 @@
-//! The worker runtime against a real Redis: what happens to a batch whose handler panics.
+//! The worker runtime against a real Redis: what happens to a batch whose handler panics, and
+//! to entries that are not the handler's jobs.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -6,9 +7,9 @@ use std::time::Duration;
 
 use herald_core::job::Job;
 use herald_core::JobType;
-use herald_queue::{Delivery, QueueStore, StoreSettings};
+use herald_queue::{QueueStore, StoreSettings};
 use herald_testkit::redis::LocalRedis;
-use herald_worker::{Handled, Handler, WorkerSettings};
+use herald_worker::{BatchAnswers, BatchJobs, Handled, Handler, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
 /// Panics on its first call; afterwards records the outbox id of every job it handles.
@@ -19,13 +20,50 @@ struct PanicsOnce {
 }
 
 impl Handler for PanicsOnce {
-    async fn handle(&self, delivery: Delivery, _cancel: CancellationToken) -> Handled {
+    const JOB_TYPE: JobType = JobType::Send;
+
+    async fn handle(&self, jobs: BatchJobs, _cancel: CancellationToken) -> BatchAnswers {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
             panic!("a handler bug");
         }
-        let job = delivery.job.expect("the test publishes valid jobs");
-        self.handled.lock().unwrap().push(job.outbox_id);
-        Handled::Done
+        let mut handled = self.handled.lock().unwrap();
+        jobs.into_iter()
+            .map(|(entry, job)| {
+                handled.push(job.outbox_id);
+                (entry, Handled::Done)
+            })
+            .collect()
+    }
+}
+
+/// Records every job it is given, as it was given.
+#[derive(Default)]
+struct Records {
+    jobs: Mutex<Vec<Job>>,
+}
+
+impl Handler for Records {
+    const JOB_TYPE: JobType = JobType::Status;
+
+    async fn handle(&self, jobs: BatchJobs, _cancel: CancellationToken) -> BatchAnswers {
+        let mut seen = self.jobs.lock().unwrap();
+        jobs.into_iter()
+            .map(|(entry, job)| {
+                seen.push(job);
+                (entry, Handled::Done)
+            })
+            .collect()
+    }
+}
+
+fn job(outbox_id: i64, job_type: JobType) -> Job {
+    Job {
+        outbox_id,
+        partition: 0,
+        job_type,
+        message_id: None,
+        attempt: 0,
+        payload: serde_json::json!({ "receipt_ids": [outbox_id] }),
     }
 }
 
@@ -34,7 +72,8 @@ impl Handler for PanicsOnce {
 /// counted, and the batch leaves the in-flight gauge.
 #[tokio::test]
 async fn a_panicking_batch_is_reclaimed_and_handled_again() {
-    // This binary's only test, so it may own the process's recorder.
+    // The only test of this binary that reads metrics, so it may own the process's recorder
+    // (the other one's handler does the status job type: its series have other labels).
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let metrics = recorder.handle();
     metrics::set_global_recorder(recorder).expect("no other recorder in this test binary");
@@ -47,16 +86,7 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
     })
     .unwrap();
     store.ensure_group().await.unwrap();
-    let jobs: Vec<Job> = (1..=3)
-        .map(|outbox_id| Job {
-            outbox_id,
-            partition: 0,
-            job_type: JobType::Send,
-            message_id: None,
-            attempt: 0,
-            payload: serde_json::json!({}),
-        })
-        .collect();
+    let jobs: Vec<Job> = (1..=3).map(|id| job(id, JobType::Send)).collect();
     store.publish(&jobs).await.unwrap();
 
     let handler = Arc::new(PanicsOnce::default());
@@ -122,6 +152,82 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
         "{rendered}"
     );
     assert_eq!(in_flight(&rendered), Some(0.0), "{rendered}");
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("the worker stops on cancel")
+        .expect("the worker itself did not panic");
+}
+
+/// The runtime hands a handler only its own job type's decoded jobs: an entry holding another
+/// type's job or no job at all never reaches it, and is acknowledged and deleted (its outbox
+/// row stays the proof), in the same batches as the handler's own jobs.
+#[tokio::test]
+async fn entries_that_are_not_the_handlers_jobs_never_reach_it_and_are_deleted() {
+    let redis = LocalRedis::start().await.unwrap();
+    let store = QueueStore::new(&StoreSettings {
+        url: redis.url(),
+        job_type: JobType::Status,
+        shard: 0,
+        max_connections: 4,
+    })
+    .unwrap();
+    store.ensure_group().await.unwrap();
+    store
+        .publish(&[
+            job(1, JobType::Status),
+            job(2, JobType::Send),
+            job(3, JobType::Status),
+        ])
+        .await
+        .unwrap();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for raw in ["not json", r#"{"outbox_id": "four"}"#] {
+        let _: String = redis::cmd("XADD")
+            .arg(store.stream_key())
+            .arg("*")
+            .arg("job")
+            .arg(raw)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    store.publish(&[job(5, JobType::Status)]).await.unwrap();
+
+    let handler = Arc::new(Records::default());
+    let cancel = CancellationToken::new();
+    let settings = WorkerSettings {
+        consumer: "runtime-test".to_owned(),
+        read_block: Duration::from_millis(100),
+        ..WorkerSettings::default()
+    };
+    let worker = tokio::spawn(herald_worker::run(
+        vec![store.clone()],
+        handler.clone(),
+        settings,
+        cancel.clone(),
+    ));
+    herald_testkit::wait_until("the stream emptied", Duration::from_secs(30), || async {
+        anyhow::ensure!(
+            store.oldest_entry_ms().await?.is_none(),
+            "entries left in the stream"
+        );
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let mut seen: Vec<Job> = handler.jobs.lock().unwrap().clone();
+    seen.sort_by_key(|j| j.outbox_id);
+    assert_eq!(
+        seen,
+        vec![
+            job(1, JobType::Status),
+            job(3, JobType::Status),
+            job(5, JobType::Status)
+        ],
+        "the handler saw its own jobs, decoded, and nothing else"
+    );
     cancel.cancel();
     tokio::time::timeout(Duration::from_secs(10), worker)
         .await

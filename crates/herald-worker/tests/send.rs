@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use herald_core::job::Job;
 use herald_core::JobType;
-use herald_queue::Delivery;
 use herald_store::accept::{accept_messages, fingerprint, NewMessage};
 use herald_worker::provider::ProviderClient;
 use herald_worker::send::{SendHandler, SendSettings};
@@ -73,24 +72,18 @@ async fn concurrent_batches_confirm_and_send_each_job_once() {
         SendSettings::default(),
         cancel.clone(),
     );
-    let copies = |range: std::ops::Range<usize>, tag: &str| -> Vec<Delivery> {
+    let copies = |range: std::ops::Range<usize>, tag: &str| -> Vec<(String, Job)> {
         range
-            .map(|i| Delivery {
-                entry_id: format!("{tag}-{i}"),
-                job: Ok(jobs[i].clone()),
-            })
+            .map(|i| (format!("{tag}-{i}"), jobs[i].clone()))
             .collect()
     };
     // Jobs 40..60 are in both batches; job 0 is twice in the first.
     let mut first = copies(0..60, "a");
-    first.push(Delivery {
-        entry_id: "a-again-0".to_owned(),
-        job: Ok(jobs[0].clone()),
-    });
+    first.push(("a-again-0".to_owned(), jobs[0].clone()));
     let second = copies(40..100, "b");
     let (a, b) = tokio::join!(
-        handler.handle_batch(first, cancel.clone()),
-        handler.handle_batch(second, cancel.clone())
+        handler.handle(first, cancel.clone()),
+        handler.handle(second, cancel.clone())
     );
     assert_eq!(a.len(), 61);
     assert_eq!(b.len(), 60);

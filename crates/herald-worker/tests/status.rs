@@ -6,7 +6,6 @@ use common::{count, migrated};
 
 use herald_core::job::Job;
 use herald_core::JobType;
-use herald_queue::Delivery;
 use herald_store::receipts::{accept_receipts, NewReceipt};
 use herald_worker::status::{StatusHandler, StatusSettings};
 use herald_worker::{Handled, Handler};
@@ -50,12 +49,9 @@ async fn two_copies_of_a_status_job_in_one_batch_finish_it_once() {
         pool: pool.clone(),
         settings: StatusSettings::default(),
     };
-    let copies = ["1-0", "2-0"].map(|entry| Delivery {
-        entry_id: entry.to_owned(),
-        job: Ok(job.clone()),
-    });
+    let copies = ["1-0", "2-0"].map(|entry| (entry.to_owned(), job.clone()));
     let answers = handler
-        .handle_batch(copies.into(), CancellationToken::new())
+        .handle(copies.into(), CancellationToken::new())
         .await;
     assert_eq!(
         answers,
