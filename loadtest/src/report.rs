@@ -1,4 +1,6 @@
 //! The run's report: the plain-text summary, the JSON file, and `compare`.
+//!
+//! Longer than 400 lines: the text, JSON and comparison forms of one report type.
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,9 @@
 //! `herald-loadtest run`: open-loop load against a deployment, the drain, the proof, the
 //! latencies, the per-stage breakdown, chaos steps, and the report (text, JSON, SVG).
+//!
+//! Longer than 400 lines: the `run` command's phases (load, chaos, drain, proof, breakdown,
+//! report) in the order they happen; each phase's machinery is in its own file (`load.rs`,
+//! `chaos.rs`, `breakdown.rs`, `report.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -1,5 +1,9 @@
 //! Provider receipts in, and the operator's views: DEAD rows and parked input, each with its
 //! way back (re-drive, replay).
+//!
+//! Longer than 400 lines: the receipt routes (single and batch, signed per gateway) and the
+//! operator routes (DEAD and parking, each listed and sent back) are small handlers that share
+//! this file's paging and problem answers; a new family of routes goes to a file of its own.
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;

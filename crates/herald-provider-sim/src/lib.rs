@@ -8,6 +8,9 @@
 //! are injected by configurable rates. Every first submit of a key is appended to
 //! a log file before it is answered, so delivery can be proven after any crash, and the log is
 //! read back on start.
+//!
+//! Longer than 400 lines: the submit, lookup and statistics routes share the simulator's state and
+//! its fault injection; the receipts it posts back are in `receipts.rs`.
 
 pub mod config;
 mod receipts;

@@ -1,6 +1,10 @@
 //! The worker's statements (rules R4, R5): confirm ownership before the provider call, record
 //! the provider's answer after it, and schedule a retry or record a failure otherwise. Each is
 //! one statement, so each is its own transaction and none spans a network call.
+//!
+//! Longer than 400 lines: each worker statement is written out beside its function, and most of
+//! the length is SQL and the comments on why each statement is shaped as it is (docs/DESIGN.md,
+//! "Keyed statements").
 
 use std::time::Duration;
 

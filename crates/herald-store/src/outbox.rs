@@ -1,6 +1,9 @@
 //! The poller's statements on the outbox: claim, mark, release and re-drive (rules R2, R3).
 //! Every one of them names the partition and checks the caller's fencing epoch against
 //! `partition_leases` in the same statement: a poller that lost its partition changes nothing.
+//!
+//! Longer than 400 lines: every statement on the outbox is written out beside its function, so the
+//! fence and the lock order of each can be read in one place; most of the length is SQL.
 
 use std::time::Duration;
 

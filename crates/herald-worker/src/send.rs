@@ -3,6 +3,9 @@
 //! ACCEPTED with the ledger row — or a retry, or a failure. No transaction is open during the
 //! provider call. The claim's lease is renewed in the background until the outcome is written;
 //! a worker that dies or freezes stops renewing, and only then is its claim re-driven.
+//!
+//! Longer than 400 lines with its unit tests (the code is under 480): the send path from confirm
+//! to outcome is kept in one file because every branch of it must keep rules R4 and R5.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -6,6 +6,9 @@
 //! is (then queued again), or parked after the hold window. A job carries one receipt or a
 //! batch of them; every receipt's end is written and the job marked DONE in one statement, so
 //! a crash at any point leaves the job to be handled again, never half-applied.
+//!
+//! Longer than 400 lines: the batch apply, the hold release loop and the reconciliation loop of
+//! the status job type; the statements are in `herald-store/src/receipts`.
 
 use std::collections::HashMap;
 use std::time::Duration;

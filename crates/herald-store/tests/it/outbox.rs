@@ -1,3 +1,6 @@
+//! The outbox life cycle against a real PostgreSQL: claims, publishes, re-drives and fences.
+//! Longer than 400 lines: one test per statement family, sharing the helpers of `main.rs`.
+
 use std::time::Duration;
 
 use herald_store::accept::accept_messages;

@@ -1,3 +1,7 @@
+//! The worker's statements against a real PostgreSQL: confirm, record, retry, leases and
+//! receipts. Longer than 400 lines: one test per statement and its failure, sharing the
+//! helpers of `main.rs`.
+
 use std::time::Duration;
 
 use herald_core::send_effect_key;

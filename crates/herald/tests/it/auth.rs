@@ -2,6 +2,9 @@
 //! unless it is told it is a development run, secrets are refused on a command line and read
 //! from the environment or files, forged receipts are refused and counted, and the runtime
 //! database role can run the pipeline but cannot erase its history.
+//!
+//! Longer than 400 lines: one test per credential path of the built binary, sharing the process
+//! helpers at the top.
 
 use std::path::PathBuf;
 use std::time::Duration;

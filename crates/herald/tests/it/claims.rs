@@ -2,6 +2,8 @@
 //! PostgreSQL outage (the API refuses and says it is not ready, the send worker's writes after
 //! the provider call wait it out), a worker draining its in-flight sends on SIGTERM, a publish
 //! refused with OOM giving its batch and attempts back, and a content rejection ending FAILED.
+//!
+//! Longer than 400 lines: one test per claim, each a whole scenario against real servers.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,3 +1,6 @@
+//! The built binary's command line: subcommands, configuration files and flags, exit codes.
+//! Longer than 400 lines: one test per command-line promise, each running the binary.
+
 use std::process::Output;
 
 use crate::deployment::HERALD;

@@ -2,6 +2,9 @@
 //! runs with production's credentials: the roles connect as the runtime database role, the API
 //! holds random client and operator keys ([`Deployment::client`] sends the operator key), and
 //! the simulator signs its receipts with the API's secrets.
+//!
+//! Longer than 400 lines: the deployment builder of the end-to-end tests with its chaos controls;
+//! merging it with `herald_testkit::LocalDeployment` (one builder) is open work.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,5 +1,8 @@
 //! The poller fleet on real etcd: sharing, joining, kill -9, SIGTERM handoff, SIGSTOP past the
 //! TTL, an etcd outage and a rolling restart — each under load, each ending with the proof.
+//!
+//! Longer than 400 lines: one test per fleet story, each under load and ending with the proof,
+//! sharing the ownership helpers at the top.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
