@@ -56,6 +56,28 @@ impl Handler for Records {
     }
 }
 
+/// The job type's stream on `redis`, with its consumer group.
+async fn stream(redis: &LocalRedis, job_type: JobType) -> QueueStore {
+    let store = QueueStore::new(&StoreSettings {
+        url: redis.url(),
+        job_type,
+        shard: 0,
+        max_connections: 4,
+    })
+    .unwrap();
+    store.ensure_group().await.unwrap();
+    store
+}
+
+/// Cancels the worker and waits for it to end on its own.
+async fn stop(cancel: CancellationToken, worker: tokio::task::JoinHandle<()>) {
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("the worker stops on cancel")
+        .expect("the worker itself did not panic");
+}
+
 fn job(outbox_id: i64, job_type: JobType) -> Job {
     Job {
         outbox_id,
@@ -78,14 +100,7 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
     let metrics = recorder.handle();
     metrics::set_global_recorder(recorder).expect("no other recorder in this test binary");
     let redis = LocalRedis::start().await.unwrap();
-    let store = QueueStore::new(&StoreSettings {
-        url: redis.url(),
-        job_type: JobType::Send,
-        shard: 0,
-        max_connections: 4,
-    })
-    .unwrap();
-    store.ensure_group().await.unwrap();
+    let store = stream(&redis, JobType::Send).await;
     let jobs: Vec<Job> = (1..=3).map(|id| job(id, JobType::Send)).collect();
     store.publish(&jobs).await.unwrap();
 
@@ -152,11 +167,7 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
         "{rendered}"
     );
     assert_eq!(in_flight(&rendered), Some(0.0), "{rendered}");
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(10), worker)
-        .await
-        .expect("the worker stops on cancel")
-        .expect("the worker itself did not panic");
+    stop(cancel, worker).await;
 }
 
 /// The runtime hands a handler only its own job type's decoded jobs: an entry holding another
@@ -165,14 +176,7 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
 #[tokio::test]
 async fn entries_that_are_not_the_handlers_jobs_never_reach_it_and_are_deleted() {
     let redis = LocalRedis::start().await.unwrap();
-    let store = QueueStore::new(&StoreSettings {
-        url: redis.url(),
-        job_type: JobType::Status,
-        shard: 0,
-        max_connections: 4,
-    })
-    .unwrap();
-    store.ensure_group().await.unwrap();
+    let store = stream(&redis, JobType::Status).await;
     store
         .publish(&[
             job(1, JobType::Status),
@@ -228,9 +232,5 @@ async fn entries_that_are_not_the_handlers_jobs_never_reach_it_and_are_deleted()
         ],
         "the handler saw its own jobs, decoded, and nothing else"
     );
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(10), worker)
-        .await
-        .expect("the worker stops on cancel")
-        .expect("the worker itself did not panic");
+    stop(cancel, worker).await;
 }

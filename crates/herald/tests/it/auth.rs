@@ -438,9 +438,21 @@ async fn the_runtime_role_runs_the_pipeline_but_cannot_erase_history() {
 #[test]
 fn the_store_deletes_only_from_the_tables_the_runtime_role_may_delete_from() {
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../herald-store/src");
+    // Every Rust file under src, submodules' directories included.
+    let mut files = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(src)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
     let mut found = 0;
-    for entry in std::fs::read_dir(src).unwrap() {
-        let path = entry.unwrap().path();
+    for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         for (at, _) in text.match_indices("DELETE FROM ") {
             let table: String = text[at + "DELETE FROM ".len()..]
