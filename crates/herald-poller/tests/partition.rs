@@ -10,7 +10,8 @@ use herald_core::{Fence, JobType};
 use herald_poller::{PartitionExit, Poller, PollerSettings};
 use herald_queue::monitor::MonitoredStore;
 use herald_queue::{QueueStore, StoreSettings};
-use herald_store::accept::{accept_messages, fingerprint, NewMessage};
+use herald_store::accept::{accept_messages, NewMessage};
+use herald_testkit::shared::message;
 use herald_testkit::{LocalRedis, TestDatabase};
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -68,18 +69,7 @@ async fn setup() -> Setup {
 /// Accepts `n` messages into `partition`; answers their ids.
 async fn accept(pool: &PgPool, partition: u32, n: usize) -> BTreeSet<Uuid> {
     let messages: Vec<NewMessage> = (0..n)
-        .map(|i| {
-            let body = serde_json::json!({ "text": format!("m{i}") });
-            NewMessage {
-                id: Uuid::now_v7(),
-                partition,
-                recipient: "+15550100".to_owned(),
-                fingerprint: fingerprint("+15550100", None, &body),
-                body,
-                idempotency_key: None,
-                created_by: None,
-            }
-        })
+        .map(|i| message(partition, None, &format!("m{i}")))
         .collect();
     accept_messages(pool, &messages).await.expect("accept");
     messages.iter().map(|m| m.id).collect()

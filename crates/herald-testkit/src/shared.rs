@@ -68,10 +68,6 @@ impl TestDatabase {
         url(self.port, &self.name)
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The shared server's port.
     pub fn port(&self) -> u16 {
         self.port
@@ -83,6 +79,21 @@ impl TestDatabase {
             .max_connections(max_connections)
             .connect(&self.url())
             .await?)
+    }
+}
+
+/// A valid message for `partition` with body `{"text": text}`, to `+15550100`, as the API would
+/// store it (its fingerprint computed the API's way).
+pub fn message(partition: u32, key: Option<&str>, text: &str) -> herald_store::accept::NewMessage {
+    let body = serde_json::json!({ "text": text });
+    herald_store::accept::NewMessage {
+        id: uuid::Uuid::now_v7(),
+        partition,
+        recipient: "+15550100".to_owned(),
+        fingerprint: herald_store::accept::fingerprint("+15550100", None, &body),
+        body,
+        idempotency_key: key.map(str::to_owned),
+        created_by: None,
     }
 }
 

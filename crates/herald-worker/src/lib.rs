@@ -96,7 +96,7 @@ pub type BatchAnswers = Vec<(String, Handled)>;
 /// Splits entries read together into the jobs of `job_type` and the answers (Done) for the
 /// entries dropped: another type's job, or not a job at all. Each dropped copy is counted and
 /// logged; its outbox row stays the proof that the work is owed, and re-drives it.
-pub fn decode_batch(job_type: JobType, deliveries: Vec<Delivery>) -> (BatchJobs, BatchAnswers) {
+fn decode_batch(job_type: JobType, deliveries: Vec<Delivery>) -> (BatchJobs, BatchAnswers) {
     let mut jobs = Vec::with_capacity(deliveries.len());
     let mut dropped = Vec::new();
     for delivery in deliveries {

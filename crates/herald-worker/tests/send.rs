@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use herald_core::job::Job;
 use herald_core::JobType;
-use herald_store::accept::{accept_messages, fingerprint, NewMessage};
+use herald_store::accept::{accept_messages, NewMessage};
+use herald_testkit::shared::message;
 use herald_worker::provider::ProviderClient;
 use herald_worker::send::{SendHandler, SendSettings};
 use herald_worker::{Handled, Handler};
@@ -21,18 +22,7 @@ use tokio_util::sync::CancellationToken;
 async fn concurrent_batches_confirm_and_send_each_job_once() {
     let (_pg, pool) = migrated(4).await;
     let messages: Vec<NewMessage> = (0..100)
-        .map(|i| {
-            let body = serde_json::json!({ "text": format!("message {i}") });
-            NewMessage {
-                id: uuid::Uuid::now_v7(),
-                partition: i % 4,
-                recipient: "+15550100".to_owned(),
-                fingerprint: fingerprint("+15550100", None, &body),
-                body,
-                idempotency_key: None,
-                created_by: None,
-            }
-        })
+        .map(|i| message(i % 4, None, &format!("message {i}")))
         .collect();
     accept_messages(&pool, &messages).await.unwrap();
     let rows: Vec<(i32, i64, uuid::Uuid)> = sqlx::query_as(
