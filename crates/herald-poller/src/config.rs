@@ -112,6 +112,25 @@ pub struct PollerConfig {
     #[arg(long, env = "HERALD_POLLER_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub stale_after: Duration,
+    /// DONE send rows of the outbox older than this are removed by the maintenance loop (0s:
+    /// kept for ever). Open work, DEAD rows and status rows are never removed.
+    #[arg(long, env = "HERALD_RETAIN_DONE_JOBS", default_value = "1d", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub retain_done_jobs: Duration,
+    /// Closed messages (DELIVERED, UNDELIVERED, EXPIRED, FAILED) accepted longer ago than this
+    /// get their history folded into one compact event that still answers every state and
+    /// time (0s: never). Open messages keep every event.
+    #[arg(long, env = "HERALD_COMPACT_HISTORIES_AFTER", default_value = "7d", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub compact_histories_after: Duration,
+    /// Time between two passes of the maintenance loop (run by the owner of partition 0).
+    #[arg(long, env = "HERALD_MAINTENANCE_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub maintenance_interval: Duration,
+    /// Rows looked at per partition (retention), or messages (compaction), per statement of
+    /// the maintenance loop; a pass runs statements until nothing more is due.
+    #[arg(long, env = "HERALD_MAINTENANCE_BATCH", default_value_t = 200)]
+    pub maintenance_batch: u32,
 }
 
 /// What [`PollerConfig::prepare`] reads from a configuration that passes its checks.
@@ -170,6 +189,13 @@ impl PollerConfig {
             !self.poll_interval.is_zero() && !self.redrive_interval.is_zero(),
             || "--poll-interval and --redrive-interval must be more than 0".into(),
         )?;
+        ensure(
+            !self.maintenance_interval.is_zero() && self.maintenance_batch >= 1,
+            || {
+                "--maintenance-interval must be more than 0 and --maintenance-batch at least 1"
+                    .into()
+            },
+        )?;
         let etcd_access = self.etcd_access()?;
         herald_coord::check_endpoints(&self.etcd_endpoints, &etcd_access)
             .map_err(|err| ConfigError(format!("--etcd-endpoints: {err}")))?;
@@ -191,6 +217,13 @@ impl PollerConfig {
             publish_backoff: PUBLISH_BACKOFF,
             publish_concurrency: self.publish_concurrency,
             linger: self.batch_linger,
+            retention: crate::maintenance::RetentionSettings {
+                done_jobs: (!self.retain_done_jobs.is_zero()).then_some(self.retain_done_jobs),
+                compact_after: (!self.compact_histories_after.is_zero())
+                    .then_some(self.compact_histories_after),
+                interval: self.maintenance_interval,
+                batch: self.maintenance_batch,
+            },
         }
     }
 

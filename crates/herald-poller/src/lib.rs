@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod fleet;
+pub mod maintenance;
 pub mod metrics;
 pub mod ownership;
 mod wake;
@@ -94,6 +95,8 @@ pub struct PollerSettings {
     /// How long a claim that starts alone waits for other partitions' (see
     /// [`GroupSettings::linger`]).
     pub linger: Duration,
+    /// Retention and compaction, run by the owner of partition 0 ([`maintenance`]).
+    pub retention: maintenance::RetentionSettings,
 }
 
 impl Default for PollerSettings {
@@ -308,6 +311,37 @@ impl Poller {
                 tracing::warn!(partition = fence.partition, error = %err, "re-driving orphaned rows failed; the stale re-drive will")
             }
         }
+        // The owner of partition 0 runs the deployment's one maintenance loop, under this
+        // partition's fence; it stops with the partition's task.
+        let maintenance = (fence.partition == maintenance::MAINTENANCE_PARTITION
+            && self.settings.retention.enabled())
+        .then(|| {
+            let stop = cancel.child_token();
+            let task = tokio::spawn(maintenance::run(
+                self.pool.clone(),
+                fence,
+                self.settings.retention,
+                stop.clone(),
+            ));
+            (stop.drop_guard(), task)
+        });
+        let exit = self.drain_partition(fence, waker, cancel).await;
+        if let Some((stop, task)) = maintenance {
+            drop(stop);
+            if let Err(err) = task.await {
+                tracing::error!(error = %err, "the maintenance loop panicked");
+            }
+        }
+        exit
+    }
+
+    /// [`Poller::run_partition`]'s claim and re-drive loop.
+    async fn drain_partition(
+        &self,
+        fence: Fence,
+        waker: Arc<Notify>,
+        cancel: CancellationToken,
+    ) -> PartitionExit {
         let redrive_every = self.settings.redrive_interval;
         let mut next_redrive = tokio::time::Instant::now() + self.until_next_tick(redrive_every);
         let mut idle = IdleBackoff::new(

@@ -13,6 +13,11 @@ pub const HANDOFF_GAP: &str = "herald_partition_handoff_gap_seconds";
 pub const ACQUISITIONS: &str = "herald_partition_acquisitions_total";
 pub const RELEASES: &str = "herald_partition_releases_total";
 pub const LEASE_LOSSES: &str = "herald_lease_losses_total";
+pub const RETENTION_REMOVED: &str = "herald_retention_removed_total";
+pub const RETENTION_COMPACTED: &str = "herald_retention_compacted_total";
+pub const RETENTION_WAITING: &str = "herald_retention_waiting_partitions";
+pub const RETENTION_PASS_DURATION: &str = "herald_retention_pass_duration_seconds";
+pub const RETENTION_LAST_PASS: &str = "herald_retention_last_pass_timestamp_seconds";
 
 pub fn describe() {
     metrics::describe_counter!(CLAIMED, "Outbox rows claimed (PENDING to PROCESSING).");
@@ -57,6 +62,27 @@ pub fn describe() {
     metrics::describe_counter!(
         herald_coord::membership::RENEW_FAILURES,
         "Lease renewals that did not get through."
+    );
+    metrics::describe_counter!(
+        RETENTION_REMOVED,
+        "Rows retention removed, by what: done_jobs (DONE outbox rows), events (history events folded into compact ones)."
+    );
+    metrics::describe_counter!(
+        RETENTION_COMPACTED,
+        "Closed messages whose history was folded into one compact event."
+    );
+    metrics::describe_gauge!(
+        RETENTION_WAITING,
+        "Partitions whose DONE-row retention waits on a row older than the retention whose work is still open."
+    );
+    metrics::describe_histogram!(
+        RETENTION_PASS_DURATION,
+        metrics::Unit::Seconds,
+        "One maintenance pass: retention and compaction until nothing more is due."
+    );
+    metrics::describe_gauge!(
+        RETENTION_LAST_PASS,
+        "Unix time the last maintenance pass finished (set only by the loop's one runner, the owner of partition 0)."
     );
     for counter in [
         CLAIMED,

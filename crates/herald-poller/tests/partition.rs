@@ -1,12 +1,14 @@
 //! One partition task against a real PostgreSQL and Redis: it publishes every PENDING row of
 //! its own partition once, leaves other partitions alone, and once a newer owner recorded a
-//! higher epoch it stops and claims nothing more (rule R7, the fence).
+//! higher epoch it stops and claims nothing more (rule R7, the fence). The owner of partition 0
+//! alone runs the maintenance loop, and a deposed one stops.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use herald_core::{Fence, JobType};
+use herald_poller::maintenance::{self, RetentionSettings};
 use herald_poller::{PartitionExit, Poller, PollerSettings};
 use herald_queue::monitor::MonitoredStore;
 use herald_queue::{QueueStore, StoreSettings};
@@ -30,6 +32,15 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(PollerSettings {
+        poll_interval: Duration::from_millis(20),
+        idle_poll_interval: Duration::from_millis(100),
+        ..PollerSettings::default()
+    })
+    .await
+}
+
+async fn setup_with(settings: PollerSettings) -> Setup {
     let db = TestDatabase::migrated(4).await.expect("database");
     let pool = db.pool(8).await.expect("pool");
     let redis = LocalRedis::start().await.expect("redis");
@@ -47,11 +58,6 @@ async fn setup() -> Setup {
         Duration::from_secs(1),
         CancellationToken::new(),
     );
-    let settings = PollerSettings {
-        poll_interval: Duration::from_millis(20),
-        idle_poll_interval: Duration::from_millis(100),
-        ..PollerSettings::default()
-    };
     let poller = Poller::new(
         pool.clone(),
         HashMap::from([(JobType::Send, vec![monitored])]),
@@ -180,4 +186,124 @@ async fn a_task_whose_fence_was_superseded_stops_and_claims_nothing_more() {
         .await
         .unwrap();
     assert!(more.is_empty());
+}
+
+/// Settings whose maintenance loop removes every DONE send row and compacts every closed
+/// history at once, every 50 ms.
+fn eager_maintenance() -> PollerSettings {
+    PollerSettings {
+        poll_interval: Duration::from_millis(20),
+        idle_poll_interval: Duration::from_millis(100),
+        retention: RetentionSettings {
+            done_jobs: Some(Duration::from_millis(1)),
+            compact_after: Some(Duration::from_millis(1)),
+            interval: Duration::from_millis(50),
+            batch: 100,
+        },
+        ..PollerSettings::default()
+    }
+}
+
+/// Accepts `n` messages into `partition` and finishes them: DONE, with a delivered history.
+async fn delivered(pool: &PgPool, partition: u32, n: usize) -> BTreeSet<Uuid> {
+    let ids = accept(pool, partition, n).await;
+    let ids_vec: Vec<Uuid> = ids.iter().copied().collect();
+    sqlx::query(
+        "WITH done AS (UPDATE outbox SET status = 'DONE' WHERE message_id = ANY($1))
+         INSERT INTO message_events (message_id, state)
+         SELECT id, state FROM UNNEST($1) AS id, UNNEST(ARRAY['CLAIMED', 'ACCEPTED', 'DELIVERED']) AS state",
+    )
+    .bind(&ids_vec)
+    .execute(pool)
+    .await
+    .expect("finish");
+    ids
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+#[tokio::test]
+async fn only_the_owner_of_partition_0_runs_retention_and_compaction() {
+    let s = setup_with(eager_maintenance()).await;
+    delivered(&s.pool, 1, 30).await;
+    delivered(&s.pool, 2, 30).await;
+    let one = herald_store::leases::take_over(&s.pool, 1, "test")
+        .await
+        .unwrap();
+    let (cancel_one, task_one) = run(&s.poller, one);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count(&s.pool, "SELECT count(*) FROM outbox").await, 60);
+    assert_eq!(
+        count(&s.pool, "SELECT count(*) FROM message_events").await,
+        240
+    );
+
+    let zero = herald_store::leases::take_over(&s.pool, 0, "test")
+        .await
+        .unwrap();
+    let (cancel_zero, task_zero) = run(&s.poller, zero);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let rows = count(&s.pool, "SELECT count(*) FROM outbox").await;
+        let events = count(&s.pool, "SELECT count(*) FROM message_events").await;
+        if rows == 0 && events == 60 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{rows} outbox rows and {events} events left"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        count(
+            &s.pool,
+            "SELECT count(*) FROM message_current_state WHERE state = 'DELIVERED'"
+        )
+        .await,
+        60
+    );
+    for (cancel, task) in [(cancel_one, task_one), (cancel_zero, task_zero)] {
+        cancel.cancel();
+        tokio::time::timeout(PATIENCE, task).await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_maintenance_loop_whose_fence_was_superseded_stops_and_removes_nothing() {
+    let s = setup().await;
+    let settings = eager_maintenance().retention;
+    let deposed = herald_store::leases::take_over(&s.pool, 0, "old")
+        .await
+        .unwrap();
+    let current = herald_store::leases::take_over(&s.pool, 0, "new")
+        .await
+        .unwrap();
+    delivered(&s.pool, 3, 10).await;
+    let cancel = CancellationToken::new();
+    tokio::time::timeout(
+        PATIENCE,
+        maintenance::run(s.pool.clone(), deposed, settings, cancel.clone()),
+    )
+    .await
+    .expect("a deposed loop stops by itself");
+    assert_eq!(count(&s.pool, "SELECT count(*) FROM outbox").await, 10);
+
+    // The current owner's loop runs until it is cancelled.
+    let running = tokio::spawn(maintenance::run(
+        s.pool.clone(),
+        current,
+        settings,
+        cancel.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!running.is_finished());
+    assert_eq!(count(&s.pool, "SELECT count(*) FROM outbox").await, 0);
+    cancel.cancel();
+    tokio::time::timeout(PATIENCE, running)
+        .await
+        .unwrap()
+        .unwrap();
 }

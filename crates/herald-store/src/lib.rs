@@ -19,6 +19,7 @@ pub mod migrate;
 pub mod migration_rules;
 pub mod outbox;
 pub mod receipts;
+pub mod retention;
 pub mod runtime_role;
 pub mod verify;
 pub mod wakeups;

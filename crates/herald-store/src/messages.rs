@@ -71,8 +71,21 @@ pub async fn message_with_history(
     else {
         return Ok(None);
     };
+    // A compacted history (crate::retention) is one event listing every transition: it is
+    // read back as the events it replaced, so a compacted message answers the same states
+    // and times as a fresh one.
     let events: Vec<(i64, String, DateTime<Utc>, Json<Value>)> = sqlx::query_as(
-        "SELECT seq, state, at, detail FROM message_events WHERE message_id = $1 ORDER BY seq",
+        "SELECT coalesce((t.entry->>'seq')::bigint, e.seq),
+                coalesce(t.entry->>'state', e.state),
+                coalesce((t.entry->>'at')::timestamptz, e.at),
+                CASE WHEN t.entry IS NULL THEN e.detail
+                     ELSE coalesce(t.entry->'detail', '{}'::jsonb) END
+         FROM message_events e
+         LEFT JOIN LATERAL jsonb_array_elements(
+             CASE WHEN jsonb_typeof(e.detail->'compacted') = 'array'
+                  THEN e.detail->'compacted' END) AS t(entry) ON true
+         WHERE e.message_id = $1
+         ORDER BY 1",
     )
     .bind(id)
     .fetch_all(pool)

@@ -29,10 +29,11 @@ pub enum Operation {
     Reconcile,
     Renew,
     Hold,
+    Retention,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 15] = [
+    pub const ALL: [Operation; 16] = [
         Operation::Accept,
         Operation::Claim,
         Operation::Mark,
@@ -48,6 +49,7 @@ impl Operation {
         Operation::Reconcile,
         Operation::Renew,
         Operation::Hold,
+        Operation::Retention,
     ];
 
     /// The operation's label value in [`STORE_ERRORS`].
@@ -68,6 +70,7 @@ impl Operation {
             Operation::Reconcile => "reconcile",
             Operation::Renew => "renew",
             Operation::Hold => "hold",
+            Operation::Retention => "retention",
         }
     }
 
@@ -89,6 +92,7 @@ impl Operation {
             Operation::Reconcile => "herald_reconcile_duration_seconds",
             Operation::Renew => "herald_claim_renew_duration_seconds",
             Operation::Hold => "herald_receipt_hold_duration_seconds",
+            Operation::Retention => "herald_retention_statement_duration_seconds",
         }
     }
 
@@ -112,6 +116,9 @@ impl Operation {
             Operation::Renew => "Renewing the leases of a worker's claims in flight.",
             Operation::Hold => {
                 "Holding receipts whose send is not recorded yet, releasing or parking them."
+            }
+            Operation::Retention => {
+                "One retention statement: DONE outbox rows removed or histories compacted."
             }
         }
     }

@@ -156,9 +156,13 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
         "SELECT
                  (SELECT count(*) FROM parking WHERE replayed_at IS NULL),
                  (SELECT count(*) FROM outbox WHERE job_type = 'status' AND status <> 'DONE'),
+                 -- A send row may be gone once DONE (retention, crate::retention): then
+                 -- a worker took it, and the history shows more than QUEUED.
                  (SELECT count(*) FROM messages m
                   WHERE NOT EXISTS (SELECT 1 FROM outbox o
-                                    WHERE o.message_id = m.id AND o.job_type = 'send')),
+                                    WHERE o.message_id = m.id AND o.job_type = 'send')
+                    AND NOT EXISTS (SELECT 1 FROM message_events e
+                                    WHERE e.message_id = m.id AND e.state <> 'QUEUED')),
                  (WITH named AS (
                       SELECT (o.payload->>'receipt_id')::bigint AS id FROM outbox o
                       WHERE o.job_type = 'status' AND o.payload ? 'receipt_id'

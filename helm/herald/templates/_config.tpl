@@ -60,6 +60,10 @@ HERALD_POLLER_POLL_INTERVAL: {{ $p.pollInterval | quote }}
 HERALD_POLLER_IDLE_POLL_INTERVAL: {{ $p.idlePollInterval | quote }}
 HERALD_POLLER_REDRIVE_INTERVAL: {{ $p.redriveInterval | quote }}
 HERALD_POLLER_STALE_AFTER: {{ $p.staleAfter | quote }}
+HERALD_RETAIN_DONE_JOBS: {{ $p.retention.doneJobs | quote }}
+HERALD_COMPACT_HISTORIES_AFTER: {{ $p.retention.compactHistoriesAfter | quote }}
+HERALD_MAINTENANCE_INTERVAL: {{ $p.retention.interval | quote }}
+HERALD_MAINTENANCE_BATCH: {{ $p.retention.batch | int64 | quote }}
 {{ include "herald.config.pressure" . }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "send" "var" "HERALD_REDIS_SEND_URL") }}
 {{- include "herald.redisConfigEntry" (dict "root" . "type" "status" "var" "HERALD_REDIS_STATUS_URL") }}

@@ -5,6 +5,7 @@
 mod accept;
 mod outbox;
 mod plans;
+mod retention;
 mod schema;
 mod worker;
 

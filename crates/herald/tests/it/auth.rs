@@ -431,6 +431,52 @@ async fn the_runtime_role_runs_the_pipeline_but_cannot_erase_history() {
         .await
         .unwrap();
     assert_eq!(events, 1, "the QUEUED event is still there");
+
+    // Retention removes through the schema's own functions alone: the role finishes the
+    // message (DONE, DELIVERED), and the functions, not the role, remove its send row and
+    // fold its history. The setting that lets compaction delete gives the role nothing.
+    sqlx::query(
+        "WITH done AS (UPDATE outbox SET status = 'DONE', created_at = now() - interval '2 days'
+                       WHERE message_id = $1)
+         INSERT INTO message_events (message_id, state) VALUES ($1, 'CLAIMED'), ($1, 'DELIVERED')",
+    )
+    .bind(accepted[0].id)
+    .execute(&runtime)
+    .await
+    .unwrap();
+    let mut tx = runtime.begin().await.unwrap();
+    sqlx::query("SET LOCAL herald.compacting = 'on'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let refused = sqlx::query("DELETE FROM message_events")
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("permission denied"),
+        "{refused}"
+    );
+    drop(tx);
+    let fence = herald_store::leases::take_over(&runtime, 0, "maintenance")
+        .await
+        .unwrap();
+    let day = std::time::Duration::from_secs(86_400);
+    let removed = herald_store::retention::remove_done_jobs(&runtime, fence, day, 100)
+        .await
+        .unwrap();
+    assert_eq!(removed.removed, 1);
+    let compacted =
+        herald_store::retention::compact_histories(&runtime, fence, std::time::Duration::ZERO, 100)
+            .await
+            .unwrap();
+    assert_eq!((compacted.compacted, compacted.folded), (1, 3));
+    let view = herald_store::messages::message_with_history(&runtime, accepted[0].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.state, "DELIVERED");
+    assert_eq!(view.events.len(), 3);
 }
 
 /// The runtime role may DELETE only from the working tables: every `DELETE FROM` the store

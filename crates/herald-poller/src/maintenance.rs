@@ -1,0 +1,126 @@
+//! The maintenance loop: retention of DONE outbox rows and compaction of closed messages'
+//! histories (`herald_store::retention`). One loop runs per deployment: the poller that owns
+//! partition 0 runs it beside that partition's task, under that partition's fence, so it moves
+//! with the partition at a handoff and a deposed owner's statements change nothing.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use herald_store::outbox::Fence;
+use herald_store::retention::{compact_histories, remove_done_jobs};
+use herald_store::StoreError;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics as m;
+
+/// The partition whose owner runs the maintenance loop.
+pub const MAINTENANCE_PARTITION: u32 = 0;
+
+/// Pause between two statements of one pass, so retention never holds locks or a connection
+/// for long and the pipeline's own statements run between its batches.
+const BETWEEN_BATCHES: Duration = Duration::from_millis(50);
+
+/// What is kept for how long, and how the loop paces itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionSettings {
+    /// DONE outbox rows older than this are removed (`None`: kept for ever).
+    pub done_jobs: Option<Duration>,
+    /// Closed messages accepted longer ago than this get their history folded into one
+    /// event (`None`: never).
+    pub compact_after: Option<Duration>,
+    /// Time between two passes.
+    pub interval: Duration,
+    /// Rows looked at per partition (retention) or messages (compaction) per statement.
+    pub batch: u32,
+}
+
+impl RetentionSettings {
+    /// Whether there is anything to do at all.
+    pub fn enabled(&self) -> bool {
+        self.done_jobs.is_some() || self.compact_after.is_some()
+    }
+}
+
+/// Runs passes every `settings.interval` until `cancel`, or until `fence` no longer holds
+/// (the partition went to another poller, whose loop takes over).
+pub async fn run(
+    pool: PgPool,
+    fence: Fence,
+    settings: RetentionSettings,
+    cancel: CancellationToken,
+) {
+    if !settings.enabled() {
+        return;
+    }
+    tracing::info!(
+        epoch = fence.epoch,
+        "running the maintenance loop (retention, compaction)"
+    );
+    loop {
+        let started = std::time::Instant::now();
+        match pass(&pool, fence, &settings, &cancel).await {
+            Ok(()) => {
+                ::metrics::histogram!(m::RETENTION_PASS_DURATION)
+                    .record(started.elapsed().as_secs_f64());
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                ::metrics::gauge!(m::RETENTION_LAST_PASS).set(now.as_secs_f64());
+            }
+            Err(StoreError::Fenced { .. }) => {
+                ::metrics::counter!(m::FENCING_REJECTIONS).increment(1);
+                tracing::warn!(
+                    epoch = fence.epoch,
+                    "the maintenance fence no longer holds; stopping this maintenance loop"
+                );
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "a maintenance pass failed; the next one goes on from where it stopped")
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(settings.interval) => {}
+        }
+    }
+}
+
+/// One pass: every batch that is due, then stops.
+async fn pass(
+    pool: &PgPool,
+    fence: Fence,
+    settings: &RetentionSettings,
+    cancel: &CancellationToken,
+) -> Result<(), StoreError> {
+    if let Some(age) = settings.done_jobs {
+        loop {
+            let done = remove_done_jobs(pool, fence, age, settings.batch).await?;
+            ::metrics::counter!(m::RETENTION_REMOVED, "what" => "done_jobs")
+                .increment(done.removed);
+            ::metrics::gauge!(m::RETENTION_WAITING).set(done.waiting as f64);
+            if !done.more || !pause(cancel).await {
+                break;
+            }
+        }
+    }
+    if let Some(age) = settings.compact_after {
+        loop {
+            let done = compact_histories(pool, fence, age, settings.batch).await?;
+            ::metrics::counter!(m::RETENTION_COMPACTED).increment(done.compacted);
+            ::metrics::counter!(m::RETENTION_REMOVED, "what" => "events").increment(done.folded);
+            if done.examined < u64::from(settings.batch.max(1)) || !pause(cancel).await {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits between two batches; false when cancelled.
+async fn pause(cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(BETWEEN_BATCHES) => true,
+    }
+}

@@ -1,0 +1,335 @@
+//! Retention and compaction (`herald_store::retention`): what goes, what never goes, and what a
+//! compacted message reads back as.
+
+use std::time::Duration;
+
+use herald_store::accept::accept_messages;
+use herald_store::leases::take_over;
+use herald_store::messages::message_with_history;
+use herald_store::retention::{compact_histories, remove_done_jobs};
+use herald_store::verify::database_findings;
+use herald_store::StoreError;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::{count, message, migrated};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Accepts one message on `partition` and gives its send row `status`, created `age_hours`
+/// ago. A row a worker took (anything but PENDING) gets CLAIMED, as a worker writes it.
+async fn send_row(pool: &PgPool, partition: u32, status: &str, age_hours: i32) -> Uuid {
+    let new = message(partition, None, status);
+    accept_messages(pool, std::slice::from_ref(&new))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE outbox SET status = $2, created_at = now() - make_interval(hours => $3)
+         WHERE message_id = $1",
+    )
+    .bind(new.id)
+    .bind(status)
+    .bind(age_hours)
+    .execute(pool)
+    .await
+    .unwrap();
+    if status != "PENDING" {
+        append(pool, new.id, "CLAIMED", serde_json::json!({"worker": "w"})).await;
+    }
+    new.id
+}
+
+async fn append(pool: &PgPool, message_id: Uuid, state: &str, detail: serde_json::Value) {
+    sqlx::query("INSERT INTO message_events (message_id, state, detail) VALUES ($1, $2, $3)")
+        .bind(message_id)
+        .bind(state)
+        .bind(detail)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn has_send_row(pool: &PgPool, id: Uuid) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE message_id = $1)")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn retention_removes_old_done_sends_and_never_open_work_dead_rows_or_status_rows() {
+    let (_pg, pool) = migrated(8).await;
+    // Partition 1: two old DONE rows, then an old PENDING one (still owed), then a DONE one.
+    let p1_done_a = send_row(&pool, 1, "DONE", 3).await;
+    let p1_done_b = send_row(&pool, 1, "DONE", 3).await;
+    let p1_pending = send_row(&pool, 1, "PENDING", 3).await;
+    let p1_done_after = send_row(&pool, 1, "DONE", 3).await;
+    // Partition 2: an old DEAD row, an old DONE one, a young DONE one.
+    let p2_dead = send_row(&pool, 2, "DEAD", 3).await;
+    let p2_done = send_row(&pool, 2, "DONE", 3).await;
+    let p2_young = send_row(&pool, 2, "DONE", 0).await;
+    // Partition 3: an old DONE row whose claim is still in flight (no outcome yet), and an
+    // old published one.
+    let p3_in_flight = send_row(&pool, 3, "DONE", 3).await;
+    sqlx::query(
+        "INSERT INTO in_flight_sends (message_id, partition, outbox_id, lease, lease_until)
+         SELECT message_id, partition, id, gen_random_uuid(), now() + interval '30 s'
+         FROM outbox WHERE message_id = $1",
+    )
+    .bind(p3_in_flight)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let p4_published = send_row(&pool, 4, "PUBLISHED", 3).await;
+    // Partition 5: an old DONE status row (it names receipts, which are kept).
+    sqlx::query(
+        "INSERT INTO outbox (partition, job_type, payload, status, created_at)
+         VALUES (5, 'status', '{\"receipt_ids\": []}', 'DONE', now() - interval '3 hours')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let fence = take_over(&pool, 0, "maintenance").await.unwrap();
+    for _ in 0..5 {
+        remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    }
+    for gone in [p1_done_a, p1_done_b, p2_done] {
+        assert!(!has_send_row(&pool, gone).await, "{gone} removed");
+    }
+    for kept in [
+        p1_pending,
+        p1_done_after,
+        p2_dead,
+        p2_young,
+        p3_in_flight,
+        p4_published,
+    ] {
+        assert!(has_send_row(&pool, kept).await, "{kept} kept");
+    }
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE job_type = 'status'"
+        )
+        .await,
+        1
+    );
+    let waiting = remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    assert_eq!(waiting.removed, 0);
+    assert_eq!(
+        waiting.waiting, 3,
+        "partitions 1, 3 and 4 wait on open work"
+    );
+    // Messages and their histories are not touched, and the proof still finds every send
+    // accounted for: a removed row was DONE, and its history says a worker took it.
+    assert_eq!(count(&pool, "SELECT count(*) FROM messages").await, 9);
+    assert_eq!(
+        database_findings(&pool).await.unwrap().outbox_rows_missing,
+        0
+    );
+
+    // Once the open work is done, the rows behind it go on the next pass.
+    sqlx::query("UPDATE outbox SET status = 'DONE' WHERE message_id = $1")
+        .bind(p1_pending)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let done = remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    assert_eq!(done.removed, 2);
+    assert!(!has_send_row(&pool, p1_done_after).await);
+    assert!(has_send_row(&pool, p2_dead).await, "DEAD is never removed");
+}
+
+#[tokio::test]
+async fn retention_looks_at_a_batch_per_partition_and_says_when_more_is_due() {
+    let (_pg, pool) = migrated(4).await;
+    for _ in 0..5 {
+        send_row(&pool, 2, "DONE", 2).await;
+    }
+    let fence = take_over(&pool, 0, "maintenance").await.unwrap();
+    let first = remove_done_jobs(&pool, fence, HOUR, 2).await.unwrap();
+    assert_eq!((first.removed, first.more), (2, true));
+    let second = remove_done_jobs(&pool, fence, HOUR, 2).await.unwrap();
+    assert_eq!((second.removed, second.more), (2, true));
+    let third = remove_done_jobs(&pool, fence, HOUR, 2).await.unwrap();
+    assert_eq!((third.removed, third.more), (1, false));
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 0);
+}
+
+#[tokio::test]
+async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
+    let (_pg, pool) = migrated(4).await;
+    let delivered = message(1, None, "delivered");
+    let awaiting = message(2, None, "awaiting a receipt");
+    let unknown = message(3, None, "unknown");
+    let dead = message(1, None, "dead");
+    let failed = message(2, None, "failed");
+    accept_messages(
+        &pool,
+        &[
+            delivered.clone(),
+            awaiting.clone(),
+            unknown.clone(),
+            dead.clone(),
+            failed.clone(),
+        ],
+    )
+    .await
+    .unwrap();
+    let accepted = serde_json::json!({"gateway": "gw-a", "provider_id": "p-1"});
+    for id in [delivered.id, awaiting.id, unknown.id] {
+        append(&pool, id, "CLAIMED", serde_json::json!({"worker": "w"})).await;
+        append(&pool, id, "ACCEPTED", accepted.clone()).await;
+    }
+    append(&pool, delivered.id, "ENROUTE", serde_json::json!({})).await;
+    append(
+        &pool,
+        delivered.id,
+        "DELIVERED",
+        serde_json::json!({"receipt_id": 7}),
+    )
+    .await;
+    append(
+        &pool,
+        unknown.id,
+        "UNKNOWN",
+        serde_json::json!({"reason": "silent"}),
+    )
+    .await;
+    append(&pool, dead.id, "DEAD", serde_json::json!({"reason": "429"})).await;
+    append(
+        &pool,
+        failed.id,
+        "FAILED",
+        serde_json::json!({"reason": "400"}),
+    )
+    .await;
+    let ids = [delivered.id, awaiting.id, unknown.id, dead.id, failed.id];
+    let mut before = Vec::new();
+    for id in ids {
+        before.push(message_with_history(&pool, id).await.unwrap().unwrap());
+    }
+
+    let fence = take_over(&pool, 0, "maintenance").await.unwrap();
+    let pass = compact_histories(&pool, fence, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(pass.examined, 5);
+    assert_eq!(pass.compacted, 2, "DELIVERED and FAILED are closed");
+    assert_eq!(
+        pass.left_open, 3,
+        "awaiting a receipt, UNKNOWN and DEAD stay open"
+    );
+    assert_eq!(pass.folded, 5 + 2);
+
+    let events_of = |id: Uuid| {
+        let pool = pool.clone();
+        async move {
+            count(
+                &pool,
+                &format!("SELECT count(*) FROM message_events WHERE message_id = '{id}'"),
+            )
+            .await
+        }
+    };
+    assert_eq!(events_of(delivered.id).await, 1);
+    assert_eq!(events_of(failed.id).await, 1);
+    assert_eq!(events_of(awaiting.id).await, 3);
+    for (id, was) in ids.iter().zip(&before) {
+        let now = message_with_history(&pool, *id).await.unwrap().unwrap();
+        assert_eq!(now.state, was.state, "{id}");
+        let times = |view: &herald_store::messages::MessageView| {
+            view.events
+                .iter()
+                .map(|e| (e.seq, e.state.clone(), e.at))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(times(&now), times(was), "{id}: the same states and times");
+    }
+    // What a dispute needs stays: the provider's id and gateway, and the outcome's detail.
+    let compacted = message_with_history(&pool, delivered.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let accepted_event = compacted
+        .events
+        .iter()
+        .find(|e| e.state == "ACCEPTED")
+        .unwrap();
+    assert_eq!(accepted_event.detail, accepted);
+    assert_eq!(
+        compacted.events.last().unwrap().detail,
+        serde_json::json!({"receipt_id": 7})
+    );
+
+    // Each message is looked at once; an event appended later (a late receipt) is read
+    // beside the compacted ones.
+    let again = compact_histories(&pool, fence, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(again.examined, 0);
+    append(
+        &pool,
+        delivered.id,
+        "DELIVERED",
+        serde_json::json!({"late": true}),
+    )
+    .await;
+    let late = message_with_history(&pool, delivered.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(late.events.len(), before[0].events.len() + 1);
+    assert_eq!(late.state, "DELIVERED");
+    // Without compaction's own setting, the history is still append-only.
+    let refused = sqlx::query("DELETE FROM message_events WHERE message_id = $1")
+        .bind(delivered.id)
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("append-only"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_deposed_maintenance_fence_removes_and_compacts_nothing() {
+    let (_pg, pool) = migrated(4).await;
+    let old = send_row(&pool, 1, "DONE", 2).await;
+    append(&pool, old, "ACCEPTED", serde_json::json!({})).await;
+    append(&pool, old, "DELIVERED", serde_json::json!({})).await;
+    let deposed = take_over(&pool, 0, "first").await.unwrap();
+    let current = take_over(&pool, 0, "second").await.unwrap();
+
+    let removed = remove_done_jobs(&pool, deposed, HOUR, 100).await;
+    assert!(
+        matches!(removed, Err(StoreError::Fenced { partition: 0, .. })),
+        "{removed:?}"
+    );
+    let compacted = compact_histories(&pool, deposed, Duration::ZERO, 100).await;
+    assert!(
+        matches!(compacted, Err(StoreError::Fenced { .. })),
+        "{compacted:?}"
+    );
+    assert!(has_send_row(&pool, old).await);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM message_events").await,
+        4,
+        "QUEUED, CLAIMED, ACCEPTED, DELIVERED"
+    );
+
+    assert_eq!(
+        remove_done_jobs(&pool, current, HOUR, 100)
+            .await
+            .unwrap()
+            .removed,
+        1
+    );
+    assert_eq!(
+        compact_histories(&pool, current, Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .compacted,
+        1
+    );
+}

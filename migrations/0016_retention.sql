@@ -1,0 +1,190 @@
+-- Retention (docs/DESIGN.md, "Retention"): DONE outbox rows are removed once they are older
+-- than the retention, and a closed message's history is folded into one event. Both run as
+-- functions owned by the schema's owner (SECURITY DEFINER): the runtime role may call them but
+-- still holds no DELETE on the outbox or the history, so the rules of what may go (only DONE
+-- rows, only closed messages, only under the maintenance fence) live here and nowhere else.
+
+-- How far each retention pass has got: 'compaction' (a message id) and 'outbox:<partition>'
+-- (an outbox id). Everything at or before a cursor has been looked at once.
+CREATE TABLE retention_cursors (
+    name     text PRIMARY KEY,
+    after    text NOT NULL,
+    moved_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The history stays append-only, except for the compaction function, which says so for its own
+-- transaction (a setting alone gives nobody a DELETE privilege the table does not grant).
+CREATE FUNCTION herald_guard_history() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('herald.compacting', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'herald: % on % is not allowed: the table is append-only', TG_OP, TG_TABLE_NAME;
+END
+$$;
+
+DROP TRIGGER message_events_append_only ON message_events;
+CREATE TRIGGER message_events_append_only BEFORE UPDATE OR DELETE ON message_events
+    FOR EACH ROW EXECUTE FUNCTION herald_guard_history();
+
+-- Folds the histories of up to `batch` messages after the compaction cursor and before
+-- `before_id` (message ids are UUIDv7: ordered by their accept time) into one event each: the
+-- message's final state at its time, whose detail lists every transition ({seq, state, at},
+-- and the detail of ACCEPTED and of the outcomes: gateway, provider id, reasons). Only closed
+-- messages (DELIVERED, UNDELIVERED, EXPIRED, FAILED) are folded; an open one (QUEUED, in
+-- flight, ACCEPTED awaiting its receipt, UNKNOWN, DEAD) keeps every event. The cursor passes
+-- both. Fenced by the maintenance fence (the owner of partition 0): a deposed loop changes
+-- nothing and is told so.
+CREATE FUNCTION herald_compact_histories(fence_partition integer, fence_epoch bigint,
+                                         before_id uuid, batch integer)
+    RETURNS TABLE (fenced boolean, examined bigint, compacted bigint, folded bigint,
+                   left_open bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path FROM CURRENT
+    SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+DECLARE
+    after_id uuid;
+BEGIN
+    PERFORM 1 FROM partition_leases l
+    WHERE l.partition = fence_partition AND l.epoch = fence_epoch FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT true, 0::bigint, 0::bigint, 0::bigint, 0::bigint;
+        RETURN;
+    END IF;
+    SELECT c.after::uuid INTO after_id FROM retention_cursors c WHERE c.name = 'compaction'
+    FOR UPDATE;
+    after_id := coalesce(after_id, '00000000-0000-0000-0000-000000000000'::uuid);
+    PERFORM set_config('herald.compacting', 'on', true);
+    RETURN QUERY
+    WITH batch_ids AS (
+        SELECT m.id FROM messages m
+        WHERE m.id > after_id AND m.id < before_id
+        ORDER BY m.id
+        LIMIT batch
+    ), current_states AS (
+        SELECT n.id, f.state, f.at
+        FROM batch_ids n CROSS JOIN LATERAL (
+            SELECT e.state, e.at FROM message_events e
+            WHERE e.message_id = n.id
+            ORDER BY herald_state_rank(e.state) DESC, e.seq DESC
+            LIMIT 1) f
+    ), closed AS (
+        SELECT * FROM current_states
+        WHERE state IN ('DELIVERED', 'UNDELIVERED', 'EXPIRED', 'FAILED')
+    ), summary AS (
+        SELECT c.id, c.state, c.at,
+               jsonb_agg(jsonb_build_object('seq', e.seq, 'state', e.state, 'at', e.at)
+                         || CASE WHEN e.state IN ('ACCEPTED', 'FAILED', 'DEAD', 'DELIVERED',
+                                                  'UNDELIVERED', 'EXPIRED', 'UNKNOWN')
+                                      AND e.detail <> '{}'::jsonb
+                                 THEN jsonb_build_object('detail', e.detail)
+                                 ELSE '{}'::jsonb END
+                         ORDER BY e.seq) AS transitions,
+               count(*) AS events
+        FROM closed c JOIN message_events e ON e.message_id = c.id
+        GROUP BY c.id, c.state, c.at
+    ), removed AS (
+        DELETE FROM message_events d
+        USING summary s
+        WHERE d.message_id = s.id
+        RETURNING d.message_id
+    ), inserted AS (
+        INSERT INTO message_events (message_id, state, at, detail)
+        SELECT s.id, s.state, s.at, jsonb_build_object('compacted', s.transitions)
+        FROM summary s
+        RETURNING message_id
+    ), moved AS (
+        INSERT INTO retention_cursors (name, after)
+        -- (PostgreSQL 15 has no max(uuid).)
+        SELECT 'compaction', n.id::text FROM batch_ids n ORDER BY n.id DESC LIMIT 1
+        ON CONFLICT (name) DO UPDATE SET after = EXCLUDED.after, moved_at = now()
+    )
+    SELECT false,
+           (SELECT count(*) FROM batch_ids),
+           (SELECT count(*) FROM inserted),
+           (SELECT count(*) FROM removed),
+           (SELECT count(*) FROM current_states) - (SELECT count(*) FROM closed);
+END
+$$;
+
+-- Removes DONE send rows created before `cutoff`, in id order per partition, at most
+-- `batch` rows looked at per partition. A partition's cursor stops at its first row that is
+-- younger than the cutoff or whose work is still open (PENDING, claimed, published, or a send
+-- whose claim has no outcome yet): nothing after it is removed until it is done. DEAD rows are
+-- passed and kept, and so are status rows: they name the receipts they applied, which are
+-- kept (the proof's receipt check reads them). Answers how many rows went, how many DEAD rows were passed, how many
+-- partitions wait on an open row older than the cutoff, and whether any partition looked at a
+-- full batch (more may be due). Fenced like the compaction.
+CREATE FUNCTION herald_remove_done_jobs(fence_partition integer, fence_epoch bigint,
+                                        cutoff timestamptz, batch integer)
+    RETURNS TABLE (fenced boolean, removed bigint, dead_kept bigint, waiting bigint,
+                   more boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path FROM CURRENT
+    SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+DECLARE
+    partition_count integer;
+BEGIN
+    PERFORM 1 FROM partition_leases l
+    WHERE l.partition = fence_partition AND l.epoch = fence_epoch FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT true, 0::bigint, 0::bigint, 0::bigint, false;
+        RETURN;
+    END IF;
+    SELECT s.value::integer INTO partition_count FROM herald_settings s
+    WHERE s.name = 'partitions';
+    RETURN QUERY
+    WITH cursors AS (
+        SELECT p AS partition, coalesce(c.after::bigint, 0) AS after
+        FROM generate_series(0, partition_count - 1) p
+        LEFT JOIN retention_cursors c ON c.name = 'outbox:' || p
+    ), scanned AS (
+        SELECT c.partition, o.id, o.status, o.attempts, o.created_at, o.message_id, o.job_type
+        FROM cursors c CROSS JOIN LATERAL (
+            SELECT o.id, o.status, o.attempts, o.created_at, o.message_id, o.job_type
+            FROM outbox o
+            WHERE o.partition = c.partition AND o.id > c.after
+            ORDER BY o.id
+            LIMIT batch) o
+    ), blocking AS (
+        SELECT s.partition, min(s.id) AS id
+        FROM scanned s
+        WHERE s.created_at >= cutoff
+           OR s.status IN ('PENDING', 'PROCESSING', 'PUBLISHED')
+           OR (s.status = 'DONE' AND s.job_type = 'send'
+               AND EXISTS (SELECT 1 FROM in_flight_sends f WHERE f.message_id = s.message_id))
+        GROUP BY s.partition
+    ), passed AS (
+        SELECT s.*
+        FROM scanned s LEFT JOIN blocking b ON b.partition = s.partition
+        WHERE b.id IS NULL OR s.id < b.id
+    ), removed AS (
+        -- The row's status and attempts are checked again on the version this locks: a row
+        -- re-driven and confirmed again since this statement's snapshot is not removed.
+        DELETE FROM outbox o
+        USING passed p
+        WHERE o.partition = p.partition AND o.id = p.id
+          AND p.status = 'DONE' AND p.job_type = 'send'
+          AND o.status = 'DONE' AND o.attempts = p.attempts
+        RETURNING o.partition
+    ), moved AS (
+        INSERT INTO retention_cursors (name, after)
+        SELECT 'outbox:' || p.partition, max(p.id)::text FROM passed p GROUP BY p.partition
+        ON CONFLICT (name) DO UPDATE SET after = EXCLUDED.after, moved_at = now()
+    )
+    SELECT false,
+           (SELECT count(*) FROM removed),
+           (SELECT count(*) FROM passed p WHERE p.status = 'DEAD'),
+           (SELECT count(*) FROM blocking b JOIN scanned s
+                ON s.partition = b.partition AND s.id = b.id
+            WHERE s.created_at < cutoff),
+           EXISTS (SELECT 1 FROM passed p GROUP BY p.partition HAVING count(*) >= batch);
+END
+$$;
+
+-- Called by the runtime role (which `herald migrate --runtime-role` grants EXECUTE on every
+-- function), not by anyone who can connect.
+REVOKE EXECUTE ON FUNCTION herald_compact_histories(integer, bigint, uuid, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION herald_remove_done_jobs(integer, bigint, timestamptz, integer) FROM PUBLIC;
