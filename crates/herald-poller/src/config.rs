@@ -112,8 +112,8 @@ pub struct PollerConfig {
     #[arg(long, env = "HERALD_POLLER_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub stale_after: Duration,
-    /// DONE send rows of the outbox older than this are removed by the maintenance loop (0s:
-    /// kept for ever). Open work, DEAD rows and status rows are never removed.
+    /// DONE rows of the outbox (sends and status jobs) older than this are removed by the
+    /// maintenance loop (0s: kept for ever). Open work and DEAD rows are never removed.
     #[arg(long, env = "HERALD_RETAIN_DONE_JOBS", default_value = "1d", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub retain_done_jobs: Duration,
@@ -123,6 +123,13 @@ pub struct PollerConfig {
     #[arg(long, env = "HERALD_COMPACT_HISTORIES_AFTER", default_value = "7d", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub compact_histories_after: Duration,
+    /// Closed messages accepted longer ago than this are removed whole, with their events
+    /// and ledger rows, and so are receipts received longer ago with their replayed parking
+    /// rows (0s: kept for ever). Open messages, held receipts and unresolved parked rows are
+    /// never removed. Needs --retain-done-jobs (a message goes after its send row).
+    #[arg(long, env = "HERALD_RETAIN_MESSAGES", default_value = "30d", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "herald_core::config::human")]
+    pub retain_messages: Duration,
     /// Time between two passes of the maintenance loop (run by the owner of partition 0).
     #[arg(long, env = "HERALD_MAINTENANCE_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
@@ -190,6 +197,15 @@ impl PollerConfig {
             || "--poll-interval and --redrive-interval must be more than 0".into(),
         )?;
         ensure(
+            self.retain_messages.is_zero()
+                || (!self.retain_done_jobs.is_zero()
+                    && self.retain_done_jobs <= self.retain_messages),
+            || {
+                "--retain-messages needs --retain-done-jobs on and no longer than it: a message goes after its send row"
+                    .into()
+            },
+        )?;
+        ensure(
             !self.maintenance_interval.is_zero() && self.maintenance_batch >= 1,
             || {
                 "--maintenance-interval must be more than 0 and --maintenance-batch at least 1"
@@ -221,6 +237,7 @@ impl PollerConfig {
                 done_jobs: (!self.retain_done_jobs.is_zero()).then_some(self.retain_done_jobs),
                 compact_after: (!self.compact_histories_after.is_zero())
                     .then_some(self.compact_histories_after),
+                messages: (!self.retain_messages.is_zero()).then_some(self.retain_messages),
                 interval: self.maintenance_interval,
                 batch: self.maintenance_batch,
             },
@@ -292,6 +309,23 @@ mod tests {
         assert_eq!(settings.linger, Duration::from_millis(10));
         assert_eq!(config.lease_ttl, Duration::from_secs(10));
         assert!(config.member().starts_with("poller-"));
+        let day = Duration::from_secs(86_400);
+        assert_eq!(
+            settings.retention,
+            crate::maintenance::RetentionSettings {
+                done_jobs: Some(day),
+                compact_after: Some(7 * day),
+                messages: Some(30 * day),
+                interval: Duration::from_secs(60),
+                batch: 200,
+            }
+        );
+        let mut off = config.clone();
+        off.retain_done_jobs = Duration::ZERO;
+        off.compact_histories_after = Duration::ZERO;
+        off.retain_messages = Duration::ZERO;
+        off.check().unwrap();
+        assert!(!off.settings().retention.enabled());
     }
 
     #[test]
@@ -311,6 +345,15 @@ mod tests {
             "without --etcd-user",
         );
         refused(|c| c.queue.redis_status_url.clear(), "--redis-status-url");
+        refused(
+            |c| c.retain_done_jobs = Duration::ZERO,
+            "--retain-messages needs",
+        );
+        refused(
+            |c| c.retain_messages = Duration::from_secs(3600),
+            "--retain-messages needs",
+        );
+        refused(|c| c.maintenance_batch = 0, "--maintenance-batch");
         refused(
             |c| c.etcd_endpoints = vec!["http://a:2379".into(), "https://b:2379".into()],
             "--etcd-endpoints: etcd configuration: the etcd endpoints mix",

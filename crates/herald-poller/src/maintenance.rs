@@ -1,12 +1,14 @@
-//! The maintenance loop: retention of DONE outbox rows and compaction of closed messages'
-//! histories (`herald_store::retention`). One loop runs per deployment: the poller that owns
+//! The maintenance loop: retention of DONE outbox rows, compaction of closed messages'
+//! histories, and removal of old closed messages and receipts (`herald_store::retention`). One loop runs per deployment: the poller that owns
 //! partition 0 runs it beside that partition's task, under that partition's fence, so it moves
 //! with the partition at a handoff and a deposed owner's statements change nothing.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_store::outbox::Fence;
-use herald_store::retention::{compact_histories, remove_done_jobs};
+use herald_store::retention::{
+    compact_histories, remove_done_jobs, remove_messages, remove_receipts,
+};
 use herald_store::StoreError;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +30,11 @@ pub struct RetentionSettings {
     /// Closed messages accepted longer ago than this get their history folded into one
     /// event (`None`: never).
     pub compact_after: Option<Duration>,
+    /// Closed messages accepted longer ago than this are removed whole (with their ledger
+    /// rows), and so are receipts received longer ago with their replayed parking rows
+    /// (`None`: kept for ever). Messages go only once `done_jobs` retention has passed their
+    /// send rows.
+    pub messages: Option<Duration>,
     /// Time between two passes.
     pub interval: Duration,
     /// Rows looked at per partition (retention) or messages (compaction) per statement.
@@ -37,7 +44,7 @@ pub struct RetentionSettings {
 impl RetentionSettings {
     /// Whether there is anything to do at all.
     pub fn enabled(&self) -> bool {
-        self.done_jobs.is_some() || self.compact_after.is_some()
+        self.done_jobs.is_some() || self.compact_after.is_some() || self.messages.is_some()
     }
 }
 
@@ -110,6 +117,29 @@ async fn pass(
             ::metrics::counter!(m::RETENTION_COMPACTED).increment(done.compacted);
             ::metrics::counter!(m::RETENTION_REMOVED, "what" => "events").increment(done.folded);
             if done.examined < u64::from(settings.batch.max(1)) || !pause(cancel).await {
+                break;
+            }
+        }
+    }
+    if let Some(age) = settings.messages {
+        if settings.done_jobs.is_some() {
+            loop {
+                let done = remove_messages(pool, fence, age, settings.batch).await?;
+                ::metrics::counter!(m::RETENTION_REMOVED, "what" => "messages")
+                    .increment(done.removed);
+                ::metrics::counter!(m::RETENTION_REMOVED, "what" => "message_rows")
+                    .increment(done.rows);
+                if !done.more || !pause(cancel).await {
+                    break;
+                }
+            }
+        }
+        loop {
+            let done = remove_receipts(pool, fence, age, settings.batch).await?;
+            ::metrics::counter!(m::RETENTION_REMOVED, "what" => "receipts").increment(done.removed);
+            ::metrics::counter!(m::RETENTION_REMOVED, "what" => "parked")
+                .increment(done.parked_removed);
+            if !done.more || !pause(cancel).await {
                 break;
             }
         }

@@ -65,7 +65,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         RETENTION_REMOVED,
-        "Rows retention removed, by what: done_jobs (DONE outbox rows), events (history events folded into compact ones)."
+        "Rows retention removed, by what: done_jobs (DONE outbox rows), events (history events folded into compact ones), messages (closed messages removed whole), message_rows (their messages, events and ledger rows), receipts, parked (replayed parking rows of removed receipts)."
     );
     metrics::describe_counter!(
         RETENTION_COMPACTED,

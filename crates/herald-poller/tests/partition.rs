@@ -197,6 +197,7 @@ fn eager_maintenance() -> PollerSettings {
         retention: RetentionSettings {
             done_jobs: Some(Duration::from_millis(1)),
             compact_after: Some(Duration::from_millis(1)),
+            messages: None,
             interval: Duration::from_millis(50),
             batch: 100,
         },

@@ -1,9 +1,10 @@
-//! Retention: DONE outbox rows are removed once older than their retention, and a closed
-//! message's history is folded into one event (compaction). Both statements are functions of
-//! the schema (migration 0016): the runtime role holds no DELETE on the outbox or the history,
-//! and the rules of what may go are written once, in the database. Both are fenced by the
-//! maintenance fence (the owner of partition 0), so two maintenance loops never change
-//! anything at once.
+//! Retention: DONE outbox rows are removed once older than their retention, a closed message's
+//! history is folded into one event (compaction), and later a closed message goes whole with
+//! its ledger rows, as do old receipts with their replayed parking rows. Every statement is a
+//! function of the schema (migration 0016): the runtime role holds no DELETE on the outbox or
+//! the history, and the rules of what may go are written once, in the database. All are
+//! fenced by the maintenance fence (the owner of partition 0), so two maintenance loops never
+//! change anything at once.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,9 +30,9 @@ pub struct DoneJobsRemoved {
     pub more: bool,
 }
 
-/// Removes DONE outbox rows created more than `older_than` ago, looking at up to `batch` rows
-/// per partition in id order. A partition's pass stops at its first row that is younger or
-/// still open; DEAD rows are kept. Fails with [`StoreError::Fenced`] (and removes nothing)
+/// Removes DONE outbox rows (sends and status jobs) created more than `older_than` ago,
+/// looking at up to `batch` rows per partition in id order. A partition's pass stops at its
+/// first row that is younger or still open; DEAD rows are kept. Fails with [`StoreError::Fenced`] (and removes nothing)
 /// when `fence` no longer holds.
 pub async fn remove_done_jobs(
     pool: &PgPool,
@@ -114,6 +115,106 @@ pub async fn compact_histories(
         compacted: compacted as u64,
         folded: folded as u64,
         left_open: left_open as u64,
+    })
+}
+
+/// What one message-removal statement did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MessagesRemoved {
+    /// Messages looked at (the cursor passed them).
+    pub examined: u64,
+    /// Closed messages removed whole.
+    pub removed: u64,
+    /// Rows removed in all: the messages, their events and their ledger rows.
+    pub rows: u64,
+    /// Messages looked at whose outcome was still open: kept.
+    pub left_open: u64,
+    /// A full batch was looked at: more may be due now.
+    pub more: bool,
+}
+
+/// Removes closed messages (DELIVERED, UNDELIVERED, EXPIRED, FAILED) accepted more than
+/// `older_than` ago whole: the message, its events and its ledger rows, looking at up to
+/// `batch` messages after the cursor. Open messages are kept. The pass stops at the first
+/// message whose send row the outbox retention ([`remove_done_jobs`]) has not looked at yet, so
+/// it needs that retention on. Fails with [`StoreError::Fenced`] when `fence` no longer holds.
+pub async fn remove_messages(
+    pool: &PgPool,
+    fence: Fence,
+    older_than: Duration,
+    batch: u32,
+) -> Result<MessagesRemoved, StoreError> {
+    let before = SystemTime::now()
+        .checked_sub(older_than)
+        .unwrap_or(UNIX_EPOCH);
+    let (fenced, examined, removed, rows, left_open, more): (bool, i64, i64, i64, i64, bool) =
+        measured(
+            Operation::Retention,
+            sqlx::query_as("SELECT * FROM herald_remove_messages($1, $2, $3, $4)")
+                .bind(fence.partition as i32)
+                .bind(fence.epoch)
+                .bind(first_id_at(before))
+                .bind(batch.max(1) as i32)
+                .fetch_one(pool),
+        )
+        .await?;
+    if fenced {
+        return Err(StoreError::Fenced {
+            partition: fence.partition,
+            epoch: fence.epoch,
+        });
+    }
+    Ok(MessagesRemoved {
+        examined: examined as u64,
+        removed: removed as u64,
+        rows: rows as u64,
+        left_open: left_open as u64,
+        more,
+    })
+}
+
+/// What one receipt-removal statement did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReceiptsRemoved {
+    pub removed: u64,
+    /// Replayed parking rows that named a removed receipt.
+    pub parked_removed: u64,
+    /// A full batch was looked at: more may be due now.
+    pub more: bool,
+}
+
+/// Removes receipts received more than `older_than` ago, with the replayed parking rows that
+/// name them, up to `batch` after the cursor. The pass stops at the first receipt that is
+/// younger, held for its send, or named by a parking row not replayed. Fails with
+/// [`StoreError::Fenced`] when `fence` no longer holds.
+pub async fn remove_receipts(
+    pool: &PgPool,
+    fence: Fence,
+    older_than: Duration,
+    batch: u32,
+) -> Result<ReceiptsRemoved, StoreError> {
+    let (fenced, removed, parked_removed, more): (bool, i64, i64, bool) = measured(
+        Operation::Retention,
+        sqlx::query_as(
+            "SELECT * FROM herald_remove_receipts($1, $2, now() - make_interval(secs => $3), $4)",
+        )
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .bind(older_than.as_secs_f64())
+        .bind(batch.max(1) as i32)
+        .fetch_one(pool),
+    )
+    .await?;
+    if fenced {
+        return Err(StoreError::Fenced {
+            partition: fence.partition,
+            epoch: fence.epoch,
+        });
+    }
+    Ok(ReceiptsRemoved {
+        removed: removed as u64,
+        parked_removed: parked_removed as u64,
+        more,
     })
 }
 

@@ -173,8 +173,16 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
                   )
                   -- NOT EXISTS, not NOT IN: one job naming a null id would make NOT IN
                   -- unknown for every receipt, and the check could never fail.
+                  -- A DONE status row may be gone (retention): a receipt received before
+                  -- every partition's outbox retention passed it is not counted.
                   SELECT count(*) FROM receipts r
-                  WHERE NOT EXISTS (SELECT 1 FROM named n WHERE n.id = r.id)),
+                  WHERE NOT EXISTS (SELECT 1 FROM named n WHERE n.id = r.id)
+                    AND r.received_at >= coalesce(
+                        (SELECT min(c.passed_at) FROM retention_cursors c
+                         WHERE c.name LIKE 'outbox:%'
+                         HAVING count(*) = (SELECT s.value::integer FROM herald_settings s
+                                            WHERE s.name = 'partitions')),
+                        '-infinity')),
                  -- The history's rows carry no foreign key to their message (migration
                  -- 0011): this is the check that stands for one.
                  (SELECT count(*) FROM (

@@ -6,7 +6,10 @@ use std::time::Duration;
 use herald_store::accept::accept_messages;
 use herald_store::leases::take_over;
 use herald_store::messages::message_with_history;
-use herald_store::retention::{compact_histories, remove_done_jobs};
+use herald_store::receipts::{accept_receipts, NewReceipt};
+use herald_store::retention::{
+    compact_histories, remove_done_jobs, remove_messages, remove_receipts,
+};
 use herald_store::verify::database_findings;
 use herald_store::StoreError;
 use sqlx::PgPool;
@@ -15,6 +18,20 @@ use uuid::Uuid;
 use crate::{count, message, migrated};
 
 const HOUR: Duration = Duration::from_secs(3600);
+
+/// Ages rows of a table whose trigger refuses updates (messages, receipts): the test's owner
+/// role sets the clock back as time would.
+async fn age(pool: &PgPool, table: &str, trigger: &str, set: &str) {
+    let mut tx = pool.begin().await.unwrap();
+    for sql in [
+        format!("ALTER TABLE {table} DISABLE TRIGGER {trigger}"),
+        format!("UPDATE {table} SET {set}"),
+        format!("ALTER TABLE {table} ENABLE TRIGGER {trigger}"),
+    ] {
+        sqlx::query(&sql).execute(&mut *tx).await.expect(&sql);
+    }
+    tx.commit().await.unwrap();
+}
 
 /// Accepts one message on `partition` and gives its send row `status`, created `age_hours`
 /// ago. A row a worker took (anything but PENDING) gets CLAIMED, as a worker writes it.
@@ -58,7 +75,7 @@ async fn has_send_row(pool: &PgPool, id: Uuid) -> bool {
 }
 
 #[tokio::test]
-async fn retention_removes_old_done_sends_and_never_open_work_dead_rows_or_status_rows() {
+async fn retention_removes_old_done_rows_and_never_open_work_or_dead_rows() {
     let (_pg, pool) = migrated(8).await;
     // Partition 1: two old DONE rows, then an old PENDING one (still owed), then a DONE one.
     let p1_done_a = send_row(&pool, 1, "DONE", 3).await;
@@ -82,7 +99,7 @@ async fn retention_removes_old_done_sends_and_never_open_work_dead_rows_or_statu
     .await
     .unwrap();
     let p4_published = send_row(&pool, 4, "PUBLISHED", 3).await;
-    // Partition 5: an old DONE status row (it names receipts, which are kept).
+    // Partition 5: an old DONE status row.
     sqlx::query(
         "INSERT INTO outbox (partition, job_type, payload, status, created_at)
          VALUES (5, 'status', '{\"receipt_ids\": []}', 'DONE', now() - interval '3 hours')",
@@ -114,7 +131,8 @@ async fn retention_removes_old_done_sends_and_never_open_work_dead_rows_or_statu
             "SELECT count(*) FROM outbox WHERE job_type = 'status'"
         )
         .await,
-        1
+        0,
+        "an old DONE status row goes too"
     );
     let waiting = remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
     assert_eq!(waiting.removed, 0);
@@ -331,5 +349,176 @@ async fn a_deposed_maintenance_fence_removes_and_compacts_nothing() {
             .unwrap()
             .compacted,
         1
+    );
+}
+
+#[tokio::test]
+async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
+    let (_pg, pool) = migrated(4).await;
+    // In id order: one whose send is still PENDING (its row owes work), then a delivered
+    // one, one awaiting its receipt and an UNKNOWN one.
+    let owed = send_row(&pool, 3, "PENDING", 2).await;
+    let delivered = send_row(&pool, 1, "DONE", 2).await;
+    let awaiting = send_row(&pool, 2, "DONE", 2).await;
+    let unknown = send_row(&pool, 1, "DONE", 2).await;
+    for id in [delivered, awaiting, unknown] {
+        append(&pool, id, "ACCEPTED", serde_json::json!({"gateway": "gw"})).await;
+        sqlx::query(
+            "INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
+             VALUES ('k-' || $1::text, $1, 'gw', 'p')",
+        )
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    append(&pool, delivered, "DELIVERED", serde_json::json!({})).await;
+    append(&pool, unknown, "UNKNOWN", serde_json::json!({})).await;
+    age(
+        &pool,
+        "messages",
+        "messages_immutable",
+        "created_at = now() - interval '2 hours'",
+    )
+    .await;
+    // (Message ids carry their accept time, now: the message pass is asked for everything
+    // accepted until now, and the send rows' age decides.)
+    let fence = take_over(&pool, 0, "maintenance").await.unwrap();
+    remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+
+    // The first message's send row is still owed: nothing after it goes yet.
+    let blocked = remove_messages(&pool, fence, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!((blocked.examined, blocked.removed), (0, 0));
+
+    sqlx::query("UPDATE outbox SET status = 'DONE' WHERE message_id = $1")
+        .bind(owed)
+        .execute(&pool)
+        .await
+        .unwrap();
+    append(&pool, owed, "CLAIMED", serde_json::json!({})).await;
+    append(&pool, owed, "FAILED", serde_json::json!({"reason": "400"})).await;
+    remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    let pass = remove_messages(&pool, fence, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(pass.examined, 4);
+    assert_eq!(pass.removed, 2, "the FAILED and the DELIVERED message");
+    assert_eq!(pass.left_open, 2);
+    // The two messages, their events (QUEUED, CLAIMED, FAILED; QUEUED, CLAIMED, ACCEPTED,
+    // DELIVERED) and the delivered one's ledger row.
+    assert_eq!(pass.rows, 2 + 3 + 4 + 1);
+    for gone in [owed, delivered] {
+        assert!(message_with_history(&pool, gone).await.unwrap().is_none());
+    }
+    for kept in [awaiting, unknown] {
+        let view = message_with_history(&pool, kept).await.unwrap().unwrap();
+        assert_eq!(view.events.len(), 3 + usize::from(kept == unknown));
+    }
+    assert_eq!(count(&pool, "SELECT count(*) FROM ledger").await, 2);
+    let findings = database_findings(&pool).await.unwrap();
+    assert_eq!(findings.history_without_message, 0);
+    assert_eq!(findings.outbox_rows_missing, 0);
+    assert_eq!(
+        remove_messages(&pool, fence, Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .examined,
+        0
+    );
+}
+
+#[tokio::test]
+async fn receipts_go_after_their_status_rows_and_unresolved_ones_stay() {
+    let (_pg, pool) = migrated(4).await;
+    let receipt = |n: u32| NewReceipt {
+        gateway: "gw".to_owned(),
+        raw: format!("{{\"n\": {n}}}").into_bytes(),
+        content_type: Some("application/json".to_owned()),
+        partition: n % 4,
+    };
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.extend(accept_receipts(&pool, &[receipt(n)]).await.unwrap());
+    }
+    let [replayed, plain, parked, held, last] = ids[..] else {
+        panic!("{ids:?}")
+    };
+    sqlx::query(
+        "INSERT INTO parking (job_type, receipt_id, raw, reason, replayed_at)
+         VALUES ('status', $1, '', 'unknown status', now()),
+                ('status', $2, '', 'unknown status', NULL)",
+    )
+    .bind(replayed)
+    .bind(parked)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO held_receipts (receipt_id, gateway, provider_id, provider_time, partition)
+         VALUES ($1, 'gw', 'p', now(), 0)",
+    )
+    .bind(held)
+    .execute(&pool)
+    .await
+    .unwrap();
+    age(
+        &pool,
+        "receipts",
+        "receipts_immutable",
+        "received_at = now() - interval '2 hours'",
+    )
+    .await;
+    let fence = take_over(&pool, 0, "maintenance").await.unwrap();
+
+    // Their status rows are still PENDING: no receipt goes before its status row.
+    remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    assert_eq!(
+        remove_receipts(&pool, fence, HOUR, 100)
+            .await
+            .unwrap()
+            .removed,
+        0
+    );
+
+    sqlx::query(
+        "UPDATE outbox SET status = 'DONE', created_at = now() - interval '2 hours'
+         WHERE job_type = 'status'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    let pass = remove_receipts(&pool, fence, HOUR, 100).await.unwrap();
+    assert_eq!(
+        (pass.removed, pass.parked_removed),
+        (2, 1),
+        "up to the unresolved parked one"
+    );
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM receipts ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![parked, held, last]);
+    assert!(!left.contains(&plain));
+
+    // Replaying the parked one and releasing the held one lets the rest go.
+    sqlx::query("UPDATE parking SET replayed_at = now() WHERE receipt_id = $1")
+        .bind(parked)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM held_receipts")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let pass = remove_receipts(&pool, fence, HOUR, 100).await.unwrap();
+    assert_eq!((pass.removed, pass.parked_removed), (3, 1));
+    assert_eq!(count(&pool, "SELECT count(*) FROM parking").await, 0);
+    // The proof does not miss what retention removed.
+    assert_eq!(
+        database_findings(&pool).await.unwrap().outbox_rows_missing,
+        0
     );
 }
