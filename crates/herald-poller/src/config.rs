@@ -130,6 +130,11 @@ pub struct PollerConfig {
     #[arg(long, env = "HERALD_RETAIN_MESSAGES", default_value = "30d", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub retain_messages: Duration,
+    /// Write every message and receipt retention removes to this directory first, as
+    /// gzip-compressed JSON Lines with a manifest per file (`herald archive verify` checks
+    /// them). Without it, removed rows are gone.
+    #[arg(long, env = "HERALD_ARCHIVE_DIR")]
+    pub archive_dir: Option<PathBuf>,
     /// Time between two passes of the maintenance loop (run by the owner of partition 0).
     #[arg(long, env = "HERALD_MAINTENANCE_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
@@ -240,6 +245,7 @@ impl PollerConfig {
                 messages: (!self.retain_messages.is_zero()).then_some(self.retain_messages),
                 interval: self.maintenance_interval,
                 batch: self.maintenance_batch,
+                archive: self.archive_dir.clone(),
             },
         }
     }
@@ -318,6 +324,7 @@ mod tests {
                 messages: Some(30 * day),
                 interval: Duration::from_secs(60),
                 batch: 200,
+                archive: None,
             }
         );
         let mut off = config.clone();

@@ -320,7 +320,7 @@ impl Poller {
             let task = tokio::spawn(maintenance::run(
                 self.pool.clone(),
                 fence,
-                self.settings.retention,
+                self.settings.retention.clone(),
                 stop.clone(),
             ));
             (stop.drop_guard(), task)

@@ -3,7 +3,10 @@
 //! partition 0 runs it beside that partition's task, under that partition's fence, so it moves
 //! with the partition at a handoff and a deposed owner's statements change nothing.
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use herald_store::archive::ArchiveDir;
 
 use herald_store::outbox::Fence;
 use herald_store::retention::{
@@ -23,7 +26,7 @@ pub const MAINTENANCE_PARTITION: u32 = 0;
 const BETWEEN_BATCHES: Duration = Duration::from_millis(50);
 
 /// What is kept for how long, and how the loop paces itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionSettings {
     /// DONE outbox rows older than this are removed (`None`: kept for ever).
     pub done_jobs: Option<Duration>,
@@ -39,6 +42,8 @@ pub struct RetentionSettings {
     pub interval: Duration,
     /// Rows looked at per partition (retention) or messages (compaction) per statement.
     pub batch: u32,
+    /// Removed messages and receipts are first written here (`herald_store::archive`).
+    pub archive: Option<PathBuf>,
 }
 
 impl RetentionSettings {
@@ -59,13 +64,14 @@ pub async fn run(
     if !settings.enabled() {
         return;
     }
+    let archive = settings.archive.clone().map(ArchiveDir::new);
     tracing::info!(
         epoch = fence.epoch,
         "running the maintenance loop (retention, compaction)"
     );
     loop {
         let started = std::time::Instant::now();
-        match pass(&pool, fence, &settings, &cancel).await {
+        match pass(&pool, fence, &settings, archive.as_ref(), &cancel).await {
             Ok(()) => {
                 ::metrics::histogram!(m::RETENTION_PASS_DURATION)
                     .record(started.elapsed().as_secs_f64());
@@ -98,6 +104,7 @@ async fn pass(
     pool: &PgPool,
     fence: Fence,
     settings: &RetentionSettings,
+    archive: Option<&ArchiveDir>,
     cancel: &CancellationToken,
 ) -> Result<(), StoreError> {
     if let Some(age) = settings.done_jobs {
@@ -124,7 +131,7 @@ async fn pass(
     if let Some(age) = settings.messages {
         if settings.done_jobs.is_some() {
             loop {
-                let done = remove_messages(pool, fence, age, settings.batch).await?;
+                let done = remove_messages(pool, fence, age, settings.batch, archive).await?;
                 ::metrics::counter!(m::RETENTION_REMOVED, "what" => "messages")
                     .increment(done.removed);
                 ::metrics::counter!(m::RETENTION_REMOVED, "what" => "message_rows")
@@ -135,7 +142,7 @@ async fn pass(
             }
         }
         loop {
-            let done = remove_receipts(pool, fence, age, settings.batch).await?;
+            let done = remove_receipts(pool, fence, age, settings.batch, archive).await?;
             ::metrics::counter!(m::RETENTION_REMOVED, "what" => "receipts").increment(done.removed);
             ::metrics::counter!(m::RETENTION_REMOVED, "what" => "parked")
                 .increment(done.parked_removed);
@@ -143,6 +150,9 @@ async fn pass(
                 break;
             }
         }
+    }
+    for (table, age) in herald_store::retention::oldest_retained(pool).await? {
+        ::metrics::gauge!(m::RETENTION_OLDEST, "table" => table).set(age.unwrap_or(0.0));
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ pub const RETENTION_COMPACTED: &str = "herald_retention_compacted_total";
 pub const RETENTION_WAITING: &str = "herald_retention_waiting_partitions";
 pub const RETENTION_PASS_DURATION: &str = "herald_retention_pass_duration_seconds";
 pub const RETENTION_LAST_PASS: &str = "herald_retention_last_pass_timestamp_seconds";
+pub const RETENTION_OLDEST: &str = "herald_retention_oldest_row_age_seconds";
 
 pub fn describe() {
     metrics::describe_counter!(CLAIMED, "Outbox rows claimed (PENDING to PROCESSING).");
@@ -68,6 +69,15 @@ pub fn describe() {
         "Rows retention removed, by what: done_jobs (DONE outbox rows), events (history events folded into compact ones), messages (closed messages removed whole), message_rows (their messages, events and ledger rows), receipts, parked (replayed parking rows of removed receipts)."
     );
     metrics::describe_counter!(
+        herald_store::retention::ARCHIVED_ROWS,
+        "Rows written to --archive-dir before their removal, by what: messages (with their events and ledger rows), receipts (with their parking rows)."
+    );
+    metrics::describe_counter!(
+        herald_store::retention::ARCHIVED_BYTES,
+        metrics::Unit::Bytes,
+        "Compressed bytes written to --archive-dir, by what."
+    );
+    metrics::describe_counter!(
         RETENTION_COMPACTED,
         "Closed messages whose history was folded into one compact event."
     );
@@ -79,6 +89,11 @@ pub fn describe() {
         RETENTION_PASS_DURATION,
         metrics::Unit::Seconds,
         "One maintenance pass: retention and compaction until nothing more is due."
+    );
+    metrics::describe_gauge!(
+        RETENTION_OLDEST,
+        metrics::Unit::Seconds,
+        "Age of the oldest row still kept, by table (messages, outbox, receipts; 0: empty), after each maintenance pass."
     );
     metrics::describe_gauge!(
         RETENTION_LAST_PASS,

@@ -200,6 +200,7 @@ fn eager_maintenance() -> PollerSettings {
             messages: None,
             interval: Duration::from_millis(50),
             batch: 100,
+            archive: None,
         },
         ..PollerSettings::default()
     }
@@ -286,7 +287,7 @@ async fn a_maintenance_loop_whose_fence_was_superseded_stops_and_removes_nothing
     let cancel = CancellationToken::new();
     tokio::time::timeout(
         PATIENCE,
-        maintenance::run(s.pool.clone(), deposed, settings, cancel.clone()),
+        maintenance::run(s.pool.clone(), deposed, settings.clone(), cancel.clone()),
     )
     .await
     .expect("a deposed loop stops by itself");

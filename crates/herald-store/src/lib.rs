@@ -8,6 +8,7 @@
 mod sql;
 
 pub mod accept;
+pub mod archive;
 pub mod backlog;
 pub mod config;
 pub mod effects;
@@ -53,6 +54,9 @@ pub enum StoreError {
     /// statement changed nothing.
     #[error("partition {partition} is fenced: epoch {epoch} is no longer its owner's")]
     Fenced { partition: u32, epoch: i64 },
+    /// Rows to be removed could not be archived first: nothing was removed.
+    #[error("archiving failed, nothing was removed: {0}")]
+    Archive(#[from] archive::ArchiveError),
 }
 
 /// Classifies an error of a write that was already sent: a broken connection (no answer from

@@ -6,10 +6,15 @@
 //! fenced by the maintenance fence (the owner of partition 0), so two maintenance loops never
 //! change anything at once.
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::PgPool;
 use uuid::Uuid;
+
+use crate::archive::{ArchiveDir, Kind};
 
 use crate::metrics::{measured, Operation};
 use crate::outbox::Fence;
@@ -137,27 +142,34 @@ pub struct MessagesRemoved {
 /// `older_than` ago whole: the message, its events and its ledger rows, looking at up to
 /// `batch` messages after the cursor. Open messages are kept. The pass stops at the first
 /// message whose send row the outbox retention ([`remove_done_jobs`]) has not looked at yet, so
-/// it needs that retention on. Fails with [`StoreError::Fenced`] when `fence` no longer holds.
+/// it needs that retention on. With `archive`, the removed rows are written there first, and
+/// the removal commits only once the file is on disk. Fails with [`StoreError::Fenced`] when
+/// `fence` no longer holds, and with [`StoreError::Archive`] (nothing removed) when the file
+/// cannot be written.
 pub async fn remove_messages(
     pool: &PgPool,
     fence: Fence,
     older_than: Duration,
     batch: u32,
+    archive: Option<&ArchiveDir>,
 ) -> Result<MessagesRemoved, StoreError> {
     let before = SystemTime::now()
         .checked_sub(older_than)
         .unwrap_or(UNIX_EPOCH);
-    let (fenced, examined, removed, rows, left_open, more): (bool, i64, i64, i64, i64, bool) =
-        measured(
-            Operation::Retention,
-            sqlx::query_as("SELECT * FROM herald_remove_messages($1, $2, $3, $4)")
-                .bind(fence.partition as i32)
-                .bind(fence.epoch)
-                .bind(first_id_at(before))
-                .bind(batch.max(1) as i32)
-                .fetch_one(pool),
-        )
-        .await?;
+    let statement = sqlx::query_as("SELECT * FROM herald_remove_messages($1, $2, $3, $4, $5)")
+        .bind(fence.partition as i32)
+        .bind(fence.epoch)
+        .bind(first_id_at(before))
+        .bind(batch.max(1) as i32)
+        .bind(archive.is_some());
+    let (fenced, examined, removed, rows, left_open, more, _): MessagesRow = archived(
+        pool,
+        archive,
+        Kind::Messages,
+        statement,
+        |row: &mut MessagesRow| row.6.take(),
+    )
+    .await?;
     if fenced {
         return Err(StoreError::Fenced {
             partition: fence.partition,
@@ -185,24 +197,30 @@ pub struct ReceiptsRemoved {
 
 /// Removes receipts received more than `older_than` ago, with the replayed parking rows that
 /// name them, up to `batch` after the cursor. The pass stops at the first receipt that is
-/// younger, held for its send, or named by a parking row not replayed. Fails with
-/// [`StoreError::Fenced`] when `fence` no longer holds.
+/// younger or whose status row may still be owed; one held for its send or named by a parking
+/// row not replayed is passed and kept. With `archive`, as [`remove_messages`]. Fails with [`StoreError::Fenced`]
+/// when `fence` no longer holds.
 pub async fn remove_receipts(
     pool: &PgPool,
     fence: Fence,
     older_than: Duration,
     batch: u32,
+    archive: Option<&ArchiveDir>,
 ) -> Result<ReceiptsRemoved, StoreError> {
-    let (fenced, removed, parked_removed, more): (bool, i64, i64, bool) = measured(
-        Operation::Retention,
-        sqlx::query_as(
-            "SELECT * FROM herald_remove_receipts($1, $2, now() - make_interval(secs => $3), $4)",
-        )
-        .bind(fence.partition as i32)
-        .bind(fence.epoch)
-        .bind(older_than.as_secs_f64())
-        .bind(batch.max(1) as i32)
-        .fetch_one(pool),
+    let statement = sqlx::query_as(
+        "SELECT * FROM herald_remove_receipts($1, $2, now() - make_interval(secs => $3), $4, $5)",
+    )
+    .bind(fence.partition as i32)
+    .bind(fence.epoch)
+    .bind(older_than.as_secs_f64())
+    .bind(batch.max(1) as i32)
+    .bind(archive.is_some());
+    let (fenced, removed, parked_removed, more, _): ReceiptsRow = archived(
+        pool,
+        archive,
+        Kind::Receipts,
+        statement,
+        |row: &mut ReceiptsRow| row.4.take(),
     )
     .await?;
     if fenced {
@@ -217,6 +235,80 @@ pub async fn remove_receipts(
         more,
     })
 }
+
+/// How old the oldest row still kept is, per table, in seconds (`None`: the table is empty):
+/// `messages` (by its id's accept time), `outbox` (each partition's first row), `receipts`.
+/// Each is read through a primary key's first entry, so this costs a few index probes.
+pub async fn oldest_retained(
+    pool: &PgPool,
+) -> Result<Vec<(&'static str, Option<f64>)>, StoreError> {
+    let (messages, outbox, receipts): (Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT extract(epoch FROM now() - m.created_at)::float8
+                 FROM (SELECT created_at FROM messages ORDER BY id LIMIT 1) m),
+                (SELECT extract(epoch FROM now() - min(o.created_at))::float8
+                 FROM generate_series(0, (SELECT value::integer FROM herald_settings
+                                          WHERE name = 'partitions') - 1) p
+                 CROSS JOIN LATERAL (SELECT created_at FROM outbox
+                                     WHERE partition = p ORDER BY id LIMIT 1) o),
+                (SELECT extract(epoch FROM now() - r.received_at)::float8
+                 FROM (SELECT received_at FROM receipts ORDER BY id LIMIT 1) r)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(vec![
+        ("messages", messages),
+        ("outbox", outbox),
+        ("receipts", receipts),
+    ])
+}
+
+/// What `herald_remove_messages` answers: fenced, examined, removed, rows removed, left open,
+/// more, and the removed rows when archiving.
+type MessagesRow = (bool, i64, i64, i64, i64, bool, Option<Json<Vec<Value>>>);
+/// What `herald_remove_receipts` answers: fenced, removed, parked rows removed, more, and the
+/// removed rows when archiving.
+type ReceiptsRow = (bool, i64, i64, bool, Option<Json<Vec<Value>>>);
+
+/// Runs a removal statement; with an archive, inside a transaction that commits only after
+/// the rows it answered (`rows_of`) are written to a file and synced.
+async fn archived<T>(
+    pool: &PgPool,
+    archive: Option<&ArchiveDir>,
+    kind: Kind,
+    statement: sqlx::query::QueryAs<'_, sqlx::Postgres, T, sqlx::postgres::PgArguments>,
+    rows_of: impl FnOnce(&mut T) -> Option<Json<Vec<Value>>>,
+) -> Result<T, StoreError>
+where
+    T: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+{
+    let Some(archive) = archive else {
+        return Ok(measured(Operation::Retention, statement.fetch_one(pool)).await?);
+    };
+    let mut tx = pool.begin().await?;
+    let mut row = measured(Operation::Retention, statement.fetch_one(&mut *tx)).await?;
+    if let Some(Json(rows)) = rows_of(&mut row) {
+        if !rows.is_empty() {
+            let archive = archive.clone();
+            let written = tokio::task::spawn_blocking(move || archive.write(kind, &rows))
+                .await
+                .map_err(|err| crate::archive::ArchiveError::Io {
+                    path: PathBuf::new(),
+                    source: std::io::Error::other(err.to_string()),
+                })??;
+            tracing::info!(kind = kind.as_str(), file = %written.file, rows = written.rows,
+                bytes = written.bytes, "archived before removal");
+            ::metrics::counter!(ARCHIVED_ROWS, "what" => kind.as_str()).increment(written.rows);
+            ::metrics::counter!(ARCHIVED_BYTES, "what" => kind.as_str()).increment(written.bytes);
+        }
+    }
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// Rows written to the archive before their removal, by kind (`messages`, `receipts`).
+pub const ARCHIVED_ROWS: &str = "herald_retention_archived_total";
+/// Compressed bytes written to the archive, by kind.
+pub const ARCHIVED_BYTES: &str = "herald_retention_archived_bytes_total";
 
 /// The smallest UUIDv7 of the millisecond `at`: every message id generated at or after `at`
 /// sorts above it (message ids are UUIDv7, their first 48 bits the accept's Unix time in

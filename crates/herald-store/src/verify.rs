@@ -173,16 +173,14 @@ pub async fn database_findings(pool: &PgPool) -> Result<DatabaseFindings, StoreE
                   )
                   -- NOT EXISTS, not NOT IN: one job naming a null id would make NOT IN
                   -- unknown for every receipt, and the check could never fail.
-                  -- A DONE status row may be gone (retention): a receipt received before
-                  -- every partition's outbox retention passed it is not counted.
+                  -- A DONE status row may be gone (retention): a receipt received until some
+                  -- partition's outbox retention passed its time is not counted (its status
+                  -- row, written with the receipt, is in a partition the proof cannot tell).
                   SELECT count(*) FROM receipts r
                   WHERE NOT EXISTS (SELECT 1 FROM named n WHERE n.id = r.id)
-                    AND r.received_at >= coalesce(
-                        (SELECT min(c.passed_at) FROM retention_cursors c
-                         WHERE c.name LIKE 'outbox:%'
-                         HAVING count(*) = (SELECT s.value::integer FROM herald_settings s
-                                            WHERE s.name = 'partitions')),
-                        '-infinity')),
+                    AND r.received_at > coalesce(
+                        (SELECT max(c.passed_at) FROM retention_cursors c
+                         WHERE c.name LIKE 'outbox:%'), '-infinity')),
                  -- The history's rows carry no foreign key to their message (migration
                  -- 0011): this is the check that stands for one.
                  (SELECT count(*) FROM (
@@ -268,7 +266,18 @@ pub async fn conclude(
         }
     }
     let known = existing(pool, &named).await?;
-    let orphans = unnamed + named.iter().filter(|id| !known.contains(id)).count() as u64;
+    // A message the retention removed (crate::retention) is gone with its ledger row; its
+    // effect is not an orphan. The message cursor has passed every id it removed.
+    let removed_up_to: Option<String> =
+        sqlx::query_scalar("SELECT after FROM retention_cursors WHERE name = 'messages'")
+            .fetch_optional(pool)
+            .await?;
+    let removed_up_to = removed_up_to.and_then(|id| id.parse::<Uuid>().ok());
+    let orphans = unnamed
+        + named
+            .iter()
+            .filter(|id| !known.contains(id) && removed_up_to.is_none_or(|upto| **id > upto))
+            .count() as u64;
     let findings = database_findings(pool).await?;
     verdict.set_finding(Finding::OrphanEffects, orphans);
     verdict.set_finding(Finding::Parked, findings.parked);

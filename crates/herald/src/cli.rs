@@ -47,6 +47,10 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Check pool and memory budgets on paper: PostgreSQL connections, Redis clients and memory.
     Plan(PlanArgs),
+    /// Read back what retention archived (--archive-dir): verify files against their manifests,
+    /// or restore their rows into the database.
+    #[command(subcommand)]
+    Archive(ArchiveCommand),
     /// Run everything locally: PostgreSQL, Redis, etcd, every role, then a demo load.
     // Hidden where it cannot run (a build without the `dev` feature, as in the image).
     #[cfg_attr(not(feature = "dev"), command(hide = true))]
@@ -186,6 +190,27 @@ pub struct VerifyArgs {
     /// Print the report as JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ArchiveCommand {
+    /// Check each archive file against its manifest: size, SHA-256, row count, first and last
+    /// id, every line a row. Exits 1 when any does not match.
+    Verify {
+        /// Archive files, their manifests, or directories (searched for manifests).
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+    },
+    /// Put the rows of archive files back (each verified first, each in one transaction);
+    /// rows the database still has are left as they are.
+    Restore {
+        /// PostgreSQL URL of the Herald database.
+        #[arg(long, hide_env_values = true, env = "HERALD_DATABASE_URL")]
+        database_url: String,
+        /// Archive files, their manifests, or directories (searched for manifests).
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+    },
 }
 
 fn parse_expectations(text: &str) -> Result<herald_core::verdict::Expectations, String> {

@@ -77,6 +77,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::ProviderSim(args) => roles::sim::main(args).await,
         Command::Verify(args) => roles::verify::main(args).await,
         Command::Plan(args) => roles::plan::main(args).await,
+        Command::Archive(command) => roles::archive::main(command).await,
         #[cfg(feature = "dev")]
         Command::Dev(args) => roles::dev::main(args).await,
         #[cfg(not(feature = "dev"))]

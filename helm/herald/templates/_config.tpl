@@ -63,6 +63,9 @@ HERALD_POLLER_STALE_AFTER: {{ $p.staleAfter | quote }}
 HERALD_RETAIN_DONE_JOBS: {{ $p.retention.doneJobs | quote }}
 HERALD_COMPACT_HISTORIES_AFTER: {{ $p.retention.compactHistoriesAfter | quote }}
 HERALD_RETAIN_MESSAGES: {{ $p.retention.messages | quote }}
+{{- if $p.retention.archive.existingClaim }}
+HERALD_ARCHIVE_DIR: {{ $p.retention.archive.mountPath | quote }}
+{{- end }}
 HERALD_MAINTENANCE_INTERVAL: {{ $p.retention.interval | quote }}
 HERALD_MAINTENANCE_BATCH: {{ $p.retention.batch | int64 | quote }}
 {{ include "herald.config.pressure" . }}

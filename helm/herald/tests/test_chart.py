@@ -722,6 +722,23 @@ NOT_EXPOSED: dict[str, set[str]] = {
 }
 
 
+def test_the_retention_archive_is_a_claim_every_poller_mounts_where_it_writes():
+    objects = render({"poller": {"retention": {"archive": {"existingClaim": "herald-archive"}}}})
+    poller = one(objects, "Deployment", full("poller"))
+    spec = pod_spec(poller)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["archive"]["persistentVolumeClaim"]["claimName"] == "herald-archive"
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    env = effective_env(objects, poller)
+    assert mounts["archive"]["mountPath"] == env["HERALD_ARCHIVE_DIR"] == "/archive"
+    assert env["HERALD_RETAIN_MESSAGES"] == "30d"
+    # Without a claim nothing is mounted and nothing is archived.
+    plain = render()
+    poller = one(plain, "Deployment", full("poller"))
+    assert "archive" not in {v["name"] for v in pod_spec(poller)["volumes"]}
+    assert "HERALD_ARCHIVE_DIR" not in effective_env(plain, poller)
+
+
 def test_every_flag_of_every_role_can_be_set_from_values():
     everything = deep_merge(
         SECRETS,
@@ -732,6 +749,7 @@ def test_every_flag_of_every_role_can_be_set_from_values():
             },
             "providerSim": {"enabled": True, "refuseStatus": 404},
             "api": {"rateLimit": {"perSecond": 100, "burst": 200}},
+            "poller": {"retention": {"archive": {"existingClaim": "herald-archive"}}},
             "etcd": {
                 "tls": {"existingSecret": "etcd-client", "clientCertificate": True},
                 "auth": {"user": "herald", "existingSecret": "etcd-herald"},

@@ -1,9 +1,11 @@
-//! Retention and compaction (`herald_store::retention`): what goes, what never goes, and what a
-//! compacted message reads back as.
+//! Retention and compaction (`herald_store::retention`): what goes, what never goes, what a
+//! compacted message reads back as, and the archive written before removal. Longer than 400
+//! lines: one test per promise of docs/DESIGN.md's "Retention", sharing the helpers at the top.
 
 use std::time::Duration;
 
 use herald_store::accept::accept_messages;
+use herald_store::archive::{self, ArchiveDir};
 use herald_store::leases::take_over;
 use herald_store::messages::message_with_history;
 use herald_store::receipts::{accept_receipts, NewReceipt};
@@ -387,7 +389,7 @@ async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
     remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
 
     // The first message's send row is still owed: nothing after it goes yet.
-    let blocked = remove_messages(&pool, fence, Duration::ZERO, 100)
+    let blocked = remove_messages(&pool, fence, Duration::ZERO, 100, None)
         .await
         .unwrap();
     assert_eq!((blocked.examined, blocked.removed), (0, 0));
@@ -400,7 +402,7 @@ async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
     append(&pool, owed, "CLAIMED", serde_json::json!({})).await;
     append(&pool, owed, "FAILED", serde_json::json!({"reason": "400"})).await;
     remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
-    let pass = remove_messages(&pool, fence, Duration::ZERO, 100)
+    let pass = remove_messages(&pool, fence, Duration::ZERO, 100, None)
         .await
         .unwrap();
     assert_eq!(pass.examined, 4);
@@ -421,7 +423,7 @@ async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
     assert_eq!(findings.history_without_message, 0);
     assert_eq!(findings.outbox_rows_missing, 0);
     assert_eq!(
-        remove_messages(&pool, fence, Duration::ZERO, 100)
+        remove_messages(&pool, fence, Duration::ZERO, 100, None)
             .await
             .unwrap()
             .examined,
@@ -475,7 +477,7 @@ async fn receipts_go_after_their_status_rows_and_unresolved_ones_stay() {
     // Their status rows are still PENDING: no receipt goes before its status row.
     remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
     assert_eq!(
-        remove_receipts(&pool, fence, HOUR, 100)
+        remove_receipts(&pool, fence, HOUR, 100, None)
             .await
             .unwrap()
             .removed,
@@ -490,35 +492,223 @@ async fn receipts_go_after_their_status_rows_and_unresolved_ones_stay() {
     .await
     .unwrap();
     remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
-    let pass = remove_receipts(&pool, fence, HOUR, 100).await.unwrap();
+    let pass = remove_receipts(&pool, fence, HOUR, 100, None)
+        .await
+        .unwrap();
     assert_eq!(
         (pass.removed, pass.parked_removed),
-        (2, 1),
-        "up to the unresolved parked one"
+        (3, 1),
+        "all but the held and the unresolved parked one"
     );
     let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM receipts ORDER BY id")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(left, vec![parked, held, last]);
-    assert!(!left.contains(&plain));
-
-    // Replaying the parked one and releasing the held one lets the rest go.
-    sqlx::query("UPDATE parking SET replayed_at = now() WHERE receipt_id = $1")
-        .bind(parked)
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("DELETE FROM held_receipts")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let pass = remove_receipts(&pool, fence, HOUR, 100).await.unwrap();
-    assert_eq!((pass.removed, pass.parked_removed), (3, 1));
-    assert_eq!(count(&pool, "SELECT count(*) FROM parking").await, 0);
+    assert_eq!(left, vec![parked, held]);
+    assert!(!left.contains(&plain) && !left.contains(&replayed) && !left.contains(&last));
+    // They stay, however many passes run; the unresolved parking row too.
+    for _ in 0..3 {
+        let again = remove_receipts(&pool, fence, HOUR, 100, None)
+            .await
+            .unwrap();
+        assert_eq!(again.removed, 0);
+    }
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM parking WHERE replayed_at IS NULL"
+        )
+        .await,
+        1
+    );
     // The proof does not miss what retention removed.
     assert_eq!(
         database_findings(&pool).await.unwrap().outbox_rows_missing,
         0
     );
+}
+
+/// Two delivered messages (with ledger rows) and one receipt (with a replayed parking row),
+/// all old enough to go, and the outbox retention past them.
+async fn removable(pool: &PgPool) -> (Vec<Uuid>, i64, herald_core::Fence) {
+    let mut ids = Vec::new();
+    for partition in [1, 2] {
+        let id = send_row(pool, partition, "DONE", 2).await;
+        append(
+            pool,
+            id,
+            "ACCEPTED",
+            serde_json::json!({"gateway": "gw", "provider_id": "p"}),
+        )
+        .await;
+        sqlx::query(
+            "INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
+             VALUES ('k-' || $1::text, $1, 'gw', 'p')",
+        )
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+        append(pool, id, "DELIVERED", serde_json::json!({"receipt_id": 1})).await;
+        ids.push(id);
+    }
+    let receipt = NewReceipt {
+        gateway: "gw".to_owned(),
+        raw: b"{\"status\": \"?\"}".to_vec(),
+        content_type: Some("application/json".to_owned()),
+        partition: 3,
+    };
+    let receipt = accept_receipts(pool, &[receipt]).await.unwrap()[0];
+    sqlx::query(
+        "INSERT INTO parking (job_type, receipt_id, raw, reason, replayed_at)
+         VALUES ('status', $1, 'raw', 'unknown status', now())",
+    )
+    .bind(receipt)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE outbox SET status = 'DONE', created_at = now() - interval '2 hours'
+         WHERE job_type = 'status'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let two_hours = "created_at = now() - interval '2 hours'";
+    age(pool, "messages", "messages_immutable", two_hours).await;
+    let received = "received_at = now() - interval '2 hours'";
+    age(pool, "receipts", "receipts_immutable", received).await;
+    let fence = take_over(pool, 0, "maintenance").await.unwrap();
+    remove_done_jobs(pool, fence, HOUR, 100).await.unwrap();
+    (ids, receipt, fence)
+}
+
+#[tokio::test]
+async fn removed_rows_are_archived_first_verify_against_their_manifest_and_restore() {
+    let (_pg, pool) = migrated(4).await;
+    let (ids, receipt, fence) = removable(&pool).await;
+    let mut before = Vec::new();
+    for id in &ids {
+        before.push(message_with_history(&pool, *id).await.unwrap().unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let archive = ArchiveDir::new(dir.path());
+
+    let messages = remove_messages(&pool, fence, Duration::ZERO, 100, Some(&archive))
+        .await
+        .unwrap();
+    assert_eq!(messages.removed, 2);
+    let receipts = remove_receipts(&pool, fence, HOUR, 100, Some(&archive))
+        .await
+        .unwrap();
+    assert_eq!((receipts.removed, receipts.parked_removed), (1, 1));
+    assert!(message_with_history(&pool, ids[0]).await.unwrap().is_none());
+
+    let files = archive::manifests(dir.path()).unwrap();
+    assert_eq!(files.len(), 2, "one file per removal statement: {files:?}");
+    let mut kinds = Vec::new();
+    for file in &files {
+        let manifest = archive::verify(file).unwrap();
+        kinds.push((manifest.kind.clone(), manifest.rows));
+        if manifest.kind == "messages" {
+            assert_eq!(manifest.first_id, ids[0].to_string());
+        } else {
+            assert_eq!(manifest.first_id, receipt.to_string());
+        }
+    }
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        vec![("messages".to_owned(), 2), ("receipts".to_owned(), 1)]
+    );
+
+    // Restored, a message reads back as it did; restoring twice changes nothing.
+    for _ in 0..2 {
+        for file in &files {
+            archive::restore(&pool, file).await.unwrap();
+        }
+    }
+    for (id, was) in ids.iter().zip(&before) {
+        let now = message_with_history(&pool, *id).await.unwrap().unwrap();
+        assert_eq!(&now, was);
+    }
+    assert_eq!(count(&pool, "SELECT count(*) FROM ledger").await, 2);
+    assert_eq!(count(&pool, "SELECT count(*) FROM receipts").await, 1);
+    assert_eq!(count(&pool, "SELECT count(*) FROM parking").await, 1);
+    let raw: Vec<u8> = sqlx::query_scalar("SELECT raw FROM receipts")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(raw, b"{\"status\": \"?\"}", "byte for byte");
+}
+
+#[tokio::test]
+async fn nothing_is_removed_when_its_archive_cannot_be_written() {
+    let (_pg, pool) = migrated(4).await;
+    let (ids, _, fence) = removable(&pool).await;
+    // The archive directory's place is taken by a file.
+    let dir = tempfile::tempdir().unwrap();
+    let blocked = dir.path().join("archive");
+    std::fs::write(&blocked, b"not a directory").unwrap();
+    let archive = ArchiveDir::new(&blocked);
+    let refused = remove_messages(&pool, fence, Duration::ZERO, 100, Some(&archive)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Archive(_))),
+        "{refused:?}"
+    );
+    let refused = remove_receipts(&pool, fence, HOUR, 100, Some(&archive)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Archive(_))),
+        "{refused:?}"
+    );
+    for id in ids {
+        assert!(message_with_history(&pool, id).await.unwrap().is_some());
+    }
+    assert_eq!(count(&pool, "SELECT count(*) FROM receipts").await, 1);
+    // And the cursor did not move: with a writable archive the same rows go.
+    let archive = ArchiveDir::new(dir.path().join("ok"));
+    let removed = remove_messages(&pool, fence, Duration::ZERO, 100, Some(&archive))
+        .await
+        .unwrap();
+    assert_eq!(removed.removed, 2);
+}
+
+#[tokio::test]
+async fn accepts_go_on_while_retention_statements_hold_their_locks() {
+    let (_pg, pool) = migrated(4).await;
+    let (_, _, fence) = removable(&pool).await;
+    for partition in 0..4 {
+        send_row(&pool, partition, "DONE", 2).await;
+    }
+    // Every retention statement in one transaction left open, its rows locked (as while an
+    // archive file is written before the commit).
+    let mut tx = pool.begin().await.unwrap();
+    let (removed,): (i64,) = sqlx::query_as(
+        "SELECT removed FROM herald_remove_done_jobs(0, $1, now() - interval '1 hour', 100)",
+    )
+    .bind(fence.epoch)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(removed, 4);
+    let (compacted,): (i64,) =
+        sqlx::query_as("SELECT compacted FROM herald_compact_histories(0, $1, $2, 100)")
+            .bind(fence.epoch)
+            .bind(herald_store::retention::first_id_at(
+                std::time::SystemTime::now(),
+            ))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!(compacted, 2);
+    // New messages on every partition are accepted meanwhile, and read back.
+    let fresh: Vec<_> = (0..4).map(|p| message(p, None, "meanwhile")).collect();
+    tokio::time::timeout(Duration::from_secs(10), accept_messages(&pool, &fresh))
+        .await
+        .expect("retention does not block accepts")
+        .unwrap();
+    for new in &fresh {
+        assert!(message_with_history(&pool, new.id).await.unwrap().is_some());
+    }
+    tx.commit().await.unwrap();
 }

@@ -3,6 +3,7 @@
 //! process.
 
 pub mod api;
+pub mod archive;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod migrate;

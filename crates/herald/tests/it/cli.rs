@@ -26,6 +26,7 @@ fn help_names_every_role_and_its_environment_variables() {
         "provider-sim",
         "dev",
         "verify",
+        "archive",
     ] {
         assert!(text.contains(role), "{role} missing from --help:\n{text}");
     }
@@ -592,4 +593,42 @@ fn a_taken_admin_address_fails_the_start() {
             role[0]
         );
     }
+}
+
+#[test]
+fn archive_verify_checks_every_file_against_its_manifest_and_exits_1_on_a_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = herald_store::archive::ArchiveDir::new(dir.path());
+    let rows = [serde_json::json!({
+        "message": {"id": "0190a1b2-0000-7000-8000-000000000001"},
+        "events": [],
+        "ledger": []
+    })];
+    let written = archive
+        .write(herald_store::archive::Kind::Messages, &rows)
+        .unwrap();
+    let root = dir.path().to_str().unwrap();
+    let out = herald(&["archive", "verify", root]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&format!("OK     {}", written.file)), "{text}");
+    assert!(
+        text.contains("1 file(s) verified, 1 row(s); 0 failed"),
+        "{text}"
+    );
+
+    // One byte changed: the file no longer matches its manifest.
+    let file = dir.path().join("messages").join(&written.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let out = herald(&["archive", "verify", root]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("does not match its manifest"), "{text}");
+    // A path without any archive is a failure too, not an empty success.
+    let empty = tempfile::tempdir().unwrap();
+    let out = herald(&["archive", "verify", empty.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
 }
