@@ -300,9 +300,10 @@ $$;
 
 -- Removes receipts received before `cutoff`, up to `batch` after the 'receipts' cursor, with
 -- the replayed parking rows that name them. The cursor stops at the first receipt that is
--- younger or not yet behind every partition's outbox retention (its status row may still be
--- owed). A receipt held for its send or named by a parking row not replayed is passed and
--- kept: unresolved input is never removed, and it never holds up the receipts after it. With `archive`, answers every removed row too, as the message removal does.
+-- younger, held for its send (released or parked within --hold-receipts-for), or not yet
+-- behind every partition's outbox retention (its status row may still be owed). A receipt
+-- named by a parking row not replayed is passed and kept: unresolved input is never removed,
+-- and it must not hold up the receipts after it for good. With `archive`, answers every removed row too, as the message removal does.
 CREATE FUNCTION herald_remove_receipts(fence_partition integer, fence_epoch bigint,
                                        cutoff timestamptz, batch integer, archive boolean)
     RETURNS TABLE (fenced boolean, removed bigint, parked_removed bigint, more boolean,
@@ -338,17 +339,18 @@ BEGIN
                     THEN min(c.passed_at) END AS at
         FROM retention_cursors c WHERE c.name LIKE 'outbox:%'
     ), blocking AS (
+        -- A held receipt is released or parked within --hold-receipts-for: the pass waits.
         SELECT min(b.id) AS id FROM batch_ids b
         WHERE b.received_at >= cutoff
            OR NOT (b.received_at + interval '1 minute'
                    < coalesce((SELECT o.at FROM outbox_passed o), '-infinity'))
+           OR EXISTS (SELECT 1 FROM held_receipts h WHERE h.receipt_id = b.id)
     ), passed AS (
         SELECT b.* FROM batch_ids b, blocking k WHERE k.id IS NULL OR b.id < k.id
     ), removable AS (
-        -- Held for its send, or named by a parking row not replayed: passed, and kept.
+        -- Named by a parking row not replayed: unresolved for good, passed and kept.
         SELECT p.* FROM passed p
-        WHERE NOT EXISTS (SELECT 1 FROM held_receipts h WHERE h.receipt_id = p.id)
-          AND NOT EXISTS (SELECT 1 FROM parking k
+        WHERE NOT EXISTS (SELECT 1 FROM parking k
                           WHERE k.receipt_id = p.id AND k.replayed_at IS NULL)
     ), parked AS (
         DELETE FROM parking k USING removable p WHERE k.receipt_id = p.id

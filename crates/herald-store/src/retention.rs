@@ -197,7 +197,7 @@ pub struct ReceiptsRemoved {
 
 /// Removes receipts received more than `older_than` ago, with the replayed parking rows that
 /// name them, up to `batch` after the cursor. The pass stops at the first receipt that is
-/// younger or whose status row may still be owed; one held for its send or named by a parking
+/// younger, held for its send, or whose status row may still be owed; one named by a parking
 /// row not replayed is passed and kept. With `archive`, as [`remove_messages`]. Fails with [`StoreError::Fenced`]
 /// when `fence` no longer holds.
 pub async fn remove_receipts(

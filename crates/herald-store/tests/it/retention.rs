@@ -432,7 +432,7 @@ async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
 }
 
 #[tokio::test]
-async fn receipts_go_after_their_status_rows_and_unresolved_ones_stay() {
+async fn receipts_go_after_their_status_rows_held_ones_wait_and_unresolved_ones_stay() {
     let (_pg, pool) = migrated(4).await;
     let receipt = |n: u32| NewReceipt {
         gateway: "gw".to_owned(),
@@ -497,22 +497,37 @@ async fn receipts_go_after_their_status_rows_and_unresolved_ones_stay() {
         .unwrap();
     assert_eq!(
         (pass.removed, pass.parked_removed),
-        (3, 1),
-        "all but the held and the unresolved parked one"
+        (2, 1),
+        "up to the held one; the unresolved parked one passed and kept"
     );
     let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM receipts ORDER BY id")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(left, vec![parked, held]);
-    assert!(!left.contains(&plain) && !left.contains(&replayed) && !left.contains(&last));
-    // They stay, however many passes run; the unresolved parking row too.
+    assert_eq!(left, vec![parked, held, last]);
+    assert!(!left.contains(&plain) && !left.contains(&replayed));
+
+    // Once released, the held one goes with the rest; the unresolved parked one stays,
+    // however many passes run, and its parking row too.
+    sqlx::query("DELETE FROM held_receipts")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let pass = remove_receipts(&pool, fence, HOUR, 100, None)
+        .await
+        .unwrap();
+    assert_eq!((pass.removed, pass.parked_removed), (2, 0));
     for _ in 0..3 {
         let again = remove_receipts(&pool, fence, HOUR, 100, None)
             .await
             .unwrap();
         assert_eq!(again.removed, 0);
     }
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM receipts ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![parked]);
     assert_eq!(
         count(
             &pool,
