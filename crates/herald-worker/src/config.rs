@@ -129,7 +129,8 @@ pub struct WorkerConfig {
     #[serde(serialize_with = "herald_core::config::human")]
     pub receipt_window: Duration,
     /// status: a receipt whose send is not recorded yet is held this long (and applied as soon
-    /// as the send is recorded), then parked with its raw body.
+    /// as the send is recorded), then parked with its raw body. Longer than 5m, the wait of a
+    /// receipt held against an already settled send.
     #[arg(long, env = "HERALD_HOLD_RECEIPTS_FOR", default_value = "1h", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub hold_receipts_for: Duration,
@@ -230,6 +231,17 @@ impl WorkerConfig {
                 "--retry-max ({}) must be at least --retry-base ({})",
                 humantime::format_duration(self.retry_max),
                 humantime::format_duration(self.retry_base)
+            )
+        })?;
+        // A receipt held against an already settled send waits SUPERSEDED_HOLD for a newer
+        // send with its provider id before it is applied as a duplicate; parked before that,
+        // a receipt Herald can apply would end in the parking table.
+        let superseded = herald_store::receipts::SUPERSEDED_HOLD;
+        ensure(self.hold_receipts_for > superseded, || {
+            format!(
+                "--hold-receipts-for ({}) must be longer than {} (the wait of a receipt held against a settled send)",
+                humantime::format_duration(self.hold_receipts_for),
+                humantime::format_duration(superseded)
             )
         })?;
         self.send_settings("check")
@@ -375,6 +387,10 @@ mod tests {
         refused(|c| c.claim_lease = Duration::from_secs(1), "--claim-lease");
         refused(|c| c.max_batch = 0, "--max-batch");
         refused(|c| c.redis_url.clear(), "--redis-url");
+        refused(
+            |c| c.hold_receipts_for = Duration::from_secs(120),
+            "--hold-receipts-for (2m) must be longer than 5m",
+        );
         refused(
             |c| c.provider_cert_file = Some("/x.pem".into()),
             "go together",
