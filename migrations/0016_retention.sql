@@ -208,7 +208,7 @@ $$;
 
 -- Removes closed messages accepted before `before_id` (a UUIDv7 bound, as for compaction)
 -- whole: the message, its events and its ledger rows, up to `batch` messages after the
--- 'messages' cursor; with `archive`, answers every removed row too (`archived`, one element
+-- 'messages' cursor, up to the first one a held receipt may still be for; with `archive`, answers every removed row too (`archived`, one element
 -- per message), for the caller to write out before it commits. Only closed messages go (DELIVERED, UNDELIVERED, EXPIRED, FAILED); open
 -- ones are passed and kept. The cursor stops at the first message whose send row the outbox
 -- retention has not looked at yet (its partition's cursor passed rows created at least a
@@ -242,10 +242,15 @@ BEGIN
         ORDER BY m.id
         LIMIT batch
     ), blocking AS (
+        -- Its send row not looked at yet, or a receipt for its send held (released or parked
+        -- within --hold-receipts-for: it must find its send).
         SELECT b.id FROM batch_ids b
         WHERE NOT EXISTS (SELECT 1 FROM retention_cursors c
                           WHERE c.name = 'outbox:' || b.partition
                             AND c.passed_at > b.created_at + interval '1 minute')
+           OR EXISTS (SELECT 1 FROM ledger l JOIN held_receipts h
+                          ON h.gateway = l.gateway AND h.provider_id = l.provider_id
+                      WHERE l.message_id = b.id)
         ORDER BY b.id
         LIMIT 1
     ), passed AS (

@@ -23,6 +23,7 @@ mod plot;
 mod proof;
 mod report;
 mod run;
+mod soak;
 
 use std::path::PathBuf;
 
@@ -65,6 +66,10 @@ enum Command {
     /// What a deployment with nothing to do costs: CPU share of every process, row writes
     /// and WAL per second.
     Idle(Box<idle::IdleArgs>),
+    /// Retention under a steady load in compressed time (a retention of minutes): table sizes
+    /// over time as a plot, flat once retention runs, throughput that does not
+    /// degrade, and every message inside the retention window delivered. Exits 1 otherwise.
+    Soak(Box<soak::SoakArgs>),
 }
 
 #[tokio::main]
@@ -78,6 +83,7 @@ async fn main() {
         Command::Capacity(args) => capacity::main(*args).await,
         Command::Drain(args) => drain::main(*args).await,
         Command::Idle(args) => idle::main(*args).await,
+        Command::Soak(args) => soak::main(*args).await,
     };
     match code {
         Ok(code) => std::process::exit(code),

@@ -1,11 +1,13 @@
 //! The run over time as an SVG: throughput (offered, accepted, delivered per second) above,
 //! latency (accept p99, accept → ACCEPTED p99 per second) below, chaos steps marked in both.
+//! And a soak's table sizes and throughput over time.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
 use crate::report::Report;
+use crate::soak::SoakReport;
 
 const OFFERED: RGBColor = RGBColor(200, 200, 200);
 const ACCEPTED: RGBColor = RGBColor(31, 119, 180);
@@ -128,6 +130,155 @@ where
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+const TABLE_COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+/// A soak as an SVG: sizes over time above (the total and each table, MB), throughput per
+/// sample below, the start of the judged period marked.
+pub fn draw_soak(report: &SoakReport, path: &Path) -> anyhow::Result<()> {
+    draw_soak_svg(report, path).map_err(|err| anyhow::anyhow!("drawing {}: {err}", path.display()))
+}
+
+fn draw_soak_svg(report: &SoakReport, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (1100, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(420);
+    let end = report
+        .samples
+        .last()
+        .map(|s| s.at_s)
+        .unwrap_or(1.0)
+        .max(1.0);
+    let mb = |b: i64| b as f64 / 1_048_576.0;
+    let mut sizes: Vec<SoakSeries> = vec![(
+        "all tables".to_owned(),
+        BLACK,
+        report
+            .samples
+            .iter()
+            .map(|s| (s.at_s, mb(s.total_bytes())))
+            .collect(),
+    )];
+    for (n, table) in crate::soak::TABLES.iter().enumerate() {
+        sizes.push((
+            (*table).to_owned(),
+            TABLE_COLORS[n % TABLE_COLORS.len()],
+            report
+                .samples
+                .iter()
+                .map(|s| {
+                    (
+                        s.at_s,
+                        mb(s.tables.get(*table).map(|t| t.bytes).unwrap_or(0)),
+                    )
+                })
+                .collect(),
+        ));
+    }
+    let rates = |f: fn(&crate::soak::SizeSample) -> i64| -> Vec<(f64, f64)> {
+        report
+            .samples
+            .windows(2)
+            .map(|w| {
+                let dt = (w[1].at_s - w[0].at_s).max(0.001);
+                (w[1].at_s, (f(&w[1]) - f(&w[0])) as f64 / dt)
+            })
+            .collect()
+    };
+    let throughput = vec![
+        (
+            "accepted msg/s".to_owned(),
+            TABLE_COLORS[0],
+            rates(|s| s.accepted),
+        ),
+        (
+            "delivered (ledger rows) msg/s".to_owned(),
+            TABLE_COLORS[2],
+            rates(|s| s.delivered),
+        ),
+    ];
+    soak_panel(
+        &top,
+        &format!(
+            "soak at {:.0} msg/s, retention {:.0}s: table sizes",
+            report.rate, report.retention_s
+        ),
+        "MB (heap + indexes)",
+        end,
+        &sizes,
+        report.steady_from_s,
+    )?;
+    soak_panel(
+        &bottom,
+        "throughput",
+        "messages / s",
+        end,
+        &throughput,
+        report.steady_from_s,
+    )?;
+    root.present()?;
+    Ok(())
+}
+
+type SoakSeries = (String, RGBColor, Vec<(f64, f64)>);
+
+fn soak_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    unit: &str,
+    seconds: f64,
+    series: &[SoakSeries],
+    steady_from: f64,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    let top = series
+        .iter()
+        .flat_map(|(_, _, points)| points.iter().map(|(_, y)| *y))
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..seconds, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the load started")
+        .y_desc(unit)
+        .draw()?;
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(steady_from, 0.0), (steady_from, top)],
+        BLACK.mix(0.4).stroke_width(1),
+    )))?;
+    for (label, color, points) in series {
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(label.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
