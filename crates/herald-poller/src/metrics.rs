@@ -112,6 +112,10 @@ pub fn describe() {
     }
     let _ = metrics::histogram!(REDRIVE_PASS_DURATION);
     let _ = metrics::histogram!(HANDOFF_GAP);
+    for what in ["messages", "receipts"] {
+        metrics::counter!(herald_store::retention::ARCHIVED_ROWS, "what" => what).increment(0);
+        metrics::counter!(herald_store::retention::ARCHIVED_BYTES, "what" => what).increment(0);
+    }
     for to in ["pending", "dead"] {
         metrics::counter!(REDRIVEN, "to" => to).increment(0);
     }
