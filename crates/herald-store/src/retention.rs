@@ -58,10 +58,7 @@ pub async fn remove_done_jobs(
     )
     .await?;
     if fenced {
-        return Err(StoreError::Fenced {
-            partition: fence.partition,
-            epoch: fence.epoch,
-        });
+        return Err(deposed(fence));
     }
     Ok(DoneJobsRemoved {
         removed: removed as u64,
@@ -110,10 +107,7 @@ pub async fn compact_histories(
     )
     .await?;
     if fenced {
-        return Err(StoreError::Fenced {
-            partition: fence.partition,
-            epoch: fence.epoch,
-        });
+        return Err(deposed(fence));
     }
     Ok(Compacted {
         examined: examined as u64,
@@ -171,10 +165,7 @@ pub async fn remove_messages(
     )
     .await?;
     if fenced {
-        return Err(StoreError::Fenced {
-            partition: fence.partition,
-            epoch: fence.epoch,
-        });
+        return Err(deposed(fence));
     }
     Ok(MessagesRemoved {
         examined: examined as u64,
@@ -224,10 +215,7 @@ pub async fn remove_receipts(
     )
     .await?;
     if fenced {
-        return Err(StoreError::Fenced {
-            partition: fence.partition,
-            epoch: fence.epoch,
-        });
+        return Err(deposed(fence));
     }
     Ok(ReceiptsRemoved {
         removed: removed as u64,
@@ -309,6 +297,14 @@ where
 pub const ARCHIVED_ROWS: &str = "herald_retention_archived_total";
 /// Compressed bytes written to the archive, by kind.
 pub const ARCHIVED_BYTES: &str = "herald_retention_archived_bytes_total";
+
+/// What every retention statement answers when `fence` no longer holds: it changed nothing.
+fn deposed(fence: Fence) -> StoreError {
+    StoreError::Fenced {
+        partition: fence.partition,
+        epoch: fence.epoch,
+    }
+}
 
 /// The smallest UUIDv7 of the millisecond `at`: every message id generated at or after `at`
 /// sorts above it (message ids are UUIDv7, their first 48 bits the accept's Unix time in
