@@ -8,6 +8,7 @@ use herald_store::accept::accept_messages;
 use herald_store::archive::{self, ArchiveDir};
 use herald_store::leases::take_over;
 use herald_store::messages::message_with_history;
+use herald_store::outbox::redrive_dead;
 use herald_store::receipts::{accept_receipts, NewReceipt};
 use herald_store::retention::{
     compact_histories, remove_done_jobs, remove_messages, remove_receipts,
@@ -160,6 +161,59 @@ async fn retention_removes_old_done_rows_and_never_open_work_or_dead_rows() {
     assert_eq!(done.removed, 2);
     assert!(!has_send_row(&pool, p1_done_after).await);
     assert!(has_send_row(&pool, p2_dead).await, "DEAD is never removed");
+}
+
+#[tokio::test]
+async fn a_dead_row_re_driven_behind_the_cursor_goes_once_it_is_done_and_old() {
+    let (_pg, pool) = migrated(4).await;
+    let dead = send_row(&pool, 1, "DEAD", 3).await;
+    let done = send_row(&pool, 1, "DONE", 3).await;
+    let fence = take_over(&pool, 0, "maintenance").await.unwrap();
+    let passed = remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    assert_eq!((passed.removed, passed.dead_kept), (1, 1));
+    assert!(!has_send_row(&pool, done).await);
+    assert!(has_send_row(&pool, dead).await, "DEAD is kept");
+
+    // The cursor is past the DEAD row when an operator re-drives it: open work again.
+    let outbox_id: i64 = sqlx::query_scalar("SELECT id FROM outbox WHERE message_id = $1")
+        .bind(dead)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(redrive_dead(&pool, outbox_id).await.unwrap(), Some(1));
+    for _ in 0..3 {
+        remove_done_jobs(&pool, fence, Duration::ZERO, 100)
+            .await
+            .unwrap();
+    }
+    assert!(
+        has_send_row(&pool, dead).await,
+        "open work is never removed"
+    );
+
+    // Delivered: DONE behind the cursor. It is kept for the retention from the pass that
+    // first sees it DONE (an hour here), then removed like any DONE row.
+    sqlx::query("UPDATE outbox SET status = 'DONE' WHERE id = $1")
+        .bind(outbox_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let seen = remove_done_jobs(&pool, fence, HOUR, 100).await.unwrap();
+    assert_eq!(seen.removed, 0);
+    assert!(has_send_row(&pool, dead).await, "kept for the retention");
+    let later = remove_done_jobs(&pool, fence, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(later.removed, 1);
+    assert!(
+        !has_send_row(&pool, dead).await,
+        "a re-driven row is not kept for ever"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM retention_passed_dead").await,
+        0,
+        "and is forgotten"
+    );
 }
 
 #[tokio::test]
