@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use herald_client::wire::{BatchItem, SendRequest};
 use herald_testkit::{LocalPostgres, PostgresOptions, RoleProcess};
 use serde::Serialize;
 
@@ -273,10 +274,11 @@ async fn load_api(
     size: usize,
     args: &AcceptArgs,
 ) -> anyhow::Result<(u64, u64)> {
-    let client = herald_testkit::keys::bearer_client_builder(api_key)?
+    let http = herald_client::http_builder(Some(api_key))?
         .pool_max_idle_per_host(args.connections)
         .timeout(Duration::from_secs(30))
         .build()?;
+    let client = herald_client::Client::from_http(api_url, http);
     let committed = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let text = "x".repeat(args.payload_bytes);
@@ -289,31 +291,40 @@ async fn load_api(
             errors.clone(),
             text.clone(),
         );
-        let url = if size == 1 {
-            format!("{api_url}/v1/messages")
-        } else {
-            format!("{api_url}/v1/messages/batch")
-        };
         clients.spawn(async move {
             let mut n = 0u64;
             while Instant::now() < until {
                 n += 1;
-                let message = |i: usize| {
-                    serde_json::json!({
-                        "recipient": format!("+1555{connection:03}{:06}", (n as usize * size + i) % 1_000_000),
-                        "body": { "text": text, "n": n },
-                    })
+                let message = |i: usize| BatchItem {
+                    recipient: format!(
+                        "+1555{connection:03}{:06}",
+                        (n as usize * size + i) % 1_000_000
+                    ),
+                    body: serde_json::json!({ "text": text, "n": n }),
+                    partition_key: None,
+                    idempotency_key: None,
                 };
-                let body = if size == 1 {
-                    message(0)
+                let answer = if size == 1 {
+                    let BatchItem {
+                        recipient, body, ..
+                    } = message(0);
+                    let single = SendRequest {
+                        recipient,
+                        body,
+                        partition_key: None,
+                    };
+                    client.send(&single, None).await.map(drop)
                 } else {
-                    serde_json::json!({ "messages": (0..size).map(message).collect::<Vec<_>>() })
+                    client
+                        .send_batch((0..size).map(message).collect())
+                        .await
+                        .map(drop)
                 };
-                match client.post(&url).json(&body).send().await {
-                    Ok(response) if response.status().is_success() => {
+                match answer {
+                    Ok(()) => {
                         committed.fetch_add(size as u64, Ordering::Relaxed);
                     }
-                    _ => {
+                    Err(_) => {
                         errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }

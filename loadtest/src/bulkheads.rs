@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use herald_client::wire::BatchItem;
 use herald_core::{Fence, JobType, PartitionCount};
 use herald_poller::{Ownership, Poller, PollerSettings, StaticOwnership};
 use herald_queue::monitor::MonitoredStore;
@@ -264,9 +265,9 @@ async fn scenario_run(
     ];
 
     let api = format!("http://{api_addr}");
-    let client = herald_testkit::keys::bearer_client(&keys.client_key)?;
+    let client = herald_client::Client::new(&api, Some(&keys.client_key))?;
     // Seed messages whose provider ids the flood's receipts name.
-    post_messages(&client, &api, "seed", 100).await?;
+    post_messages(&client, "seed", 100).await?;
     wait_ledger(&pool, 100).await?;
     let targets: Vec<(String, String)> = sqlx::query_as("SELECT gateway, provider_id FROM ledger")
         .fetch_all(&pool)
@@ -276,12 +277,11 @@ async fn scenario_run(
     let backlog = ((2.0 * args.concurrency as f64 / args.provider_latency.as_secs_f64())
         * args.window.as_secs_f64()) as usize
         + 1000;
-    post_messages(&client, &api, "load", backlog).await?;
+    post_messages(&client, "load", backlog).await?;
 
     let flood_stop = CancellationToken::new();
     let flood = tokio::spawn(flood_receipts(
-        reqwest::Client::new(),
-        api.clone(),
+        herald_client::Client::new(&api, None)?,
         keys,
         targets,
         flood_rate,
@@ -331,25 +331,20 @@ async fn wait_ledger(pool: &PgPool, count: i64) -> anyhow::Result<()> {
 }
 
 async fn post_messages(
-    client: &reqwest::Client,
-    api: &str,
+    client: &herald_client::Client,
     prefix: &str,
     count: usize,
 ) -> anyhow::Result<()> {
     for start in (0..count).step_by(1000) {
-        let messages: Vec<_> = (start..(start + 1000).min(count))
-            .map(|i| json!({"recipient": format!("{prefix}-{i}"), "body": {"n": i}}))
+        let messages = (start..(start + 1000).min(count))
+            .map(|i| BatchItem {
+                recipient: format!("{prefix}-{i}"),
+                body: json!({"n": i}),
+                partition_key: None,
+                idempotency_key: None,
+            })
             .collect();
-        let response = client
-            .post(format!("{api}/v1/messages/batch"))
-            .json(&json!({ "messages": messages }))
-            .send()
-            .await?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "API answered {}",
-            response.status()
-        );
+        client.send_batch(messages).await?;
     }
     Ok(())
 }
@@ -357,8 +352,7 @@ async fn post_messages(
 /// Posts ENROUTE receipts for the seeded messages at `rate` per second (open loop) until
 /// stopped, each signed with its gateway's secret as a provider would.
 async fn flood_receipts(
-    client: reqwest::Client,
-    api: String,
+    client: herald_client::Client,
     keys: DeploymentKeys,
     targets: Vec<(String, String)>,
     rate: f64,
@@ -379,10 +373,7 @@ async fn flood_receipts(
         };
         let (gateway, provider_id) = targets[n % targets.len()].clone();
         n += 1;
-        let (client, url) = (
-            client.clone(),
-            format!("{api}/v1/providers/{gateway}/receipts"),
-        );
+        let client = client.clone();
         let body =
             json!({"provider_id": provider_id, "status": "ENROUTE", "timestamp": 1_764_687_845})
                 .to_string();
@@ -391,11 +382,7 @@ async fn flood_receipts(
             herald_core::signature::sign(secret, chrono::Utc::now().timestamp(), body.as_bytes());
         tokio::spawn(async move {
             let _ = client
-                .post(url)
-                .header("content-type", "application/json")
-                .header(herald_core::signature::HEADER, signature)
-                .body(body)
-                .send()
+                .receipt(&gateway, body.into_bytes(), Some(&signature))
                 .await;
             drop(permit);
         });

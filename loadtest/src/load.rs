@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use herald_api::wire::{AcceptedMessage, BatchItem, BatchRequest, BatchResponse, SendRequest};
+use herald_client::wire::{AcceptedMessage, BatchItem, SendRequest};
+use herald_client::{Client, ClientError};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -139,14 +140,11 @@ pub async fn run(
     started: Instant,
     cancel: CancellationToken,
 ) -> anyhow::Result<LoadOutcome> {
-    let builder = match api_key {
-        Some(key) => herald_testkit::keys::bearer_client_builder(key)?,
-        None => reqwest::Client::builder(),
-    };
-    let client = builder
+    let http = herald_client::http_builder(api_key)?
         .timeout(settings.request_timeout)
         .pool_max_idle_per_host(settings.max_in_flight)
         .build()?;
+    let client = Client::from_http(api_url, http);
     let batch = settings.batch.clamp(1, 1000);
     let in_flight = Arc::new(Semaphore::new(settings.max_in_flight.max(1)));
     let accept_latency = Arc::new(Mutex::new(latency::histogram()));
@@ -185,7 +183,6 @@ pub async fn run(
             let replay = rng.random_bool(settings.replay_rate.clamp(0.0, 1.0));
             let request = Request {
                 client: client.clone(),
-                api_url: api_url.to_owned(),
                 messages,
                 single: settings.batch == 1,
                 retries: settings.retries,
@@ -262,18 +259,11 @@ impl Item {
 }
 
 struct Request {
-    client: reqwest::Client,
-    api_url: String,
+    client: Client,
     messages: Vec<Item>,
     single: bool,
     retries: u32,
     replay: bool,
-}
-
-enum Failure {
-    /// Worth retrying with the same key (transport error, timeout, 5xx, 429).
-    Transient(String),
-    Permanent(String),
 }
 
 impl Request {
@@ -288,14 +278,14 @@ impl Request {
         let answer = loop {
             match self.post().await {
                 Ok(answer) => break Ok(answer),
-                Err(Failure::Transient(reason)) if attempt < self.retries => {
+                Err(err) if err.is_transient() && attempt < self.retries => {
                     attempt += 1;
                     shared.lock().expect("load lock").retries += 1;
                     let backoff = Duration::from_millis(100 << attempt.min(5));
-                    tracing::debug!(%reason, attempt, "retrying with the same Idempotency-Key");
+                    tracing::debug!(reason = %err, attempt, "retrying with the same Idempotency-Key");
                     tokio::time::sleep(backoff).await;
                 }
-                Err(Failure::Transient(reason) | Failure::Permanent(reason)) => break Err(reason),
+                Err(err) => break Err(err.reason()),
             }
         };
         let latency = due.elapsed().as_secs_f64();
@@ -330,68 +320,38 @@ impl Request {
                         .count();
                     shared.replay_mismatches += mismatched as u64;
                 }
-                Err(Failure::Transient(reason) | Failure::Permanent(reason)) => {
+                Err(err) => {
                     *shared
                         .errors
-                        .entry(format!("replay: {reason}"))
+                        .entry(format!("replay: {}", err.reason()))
                         .or_default() += n;
                 }
             }
         }
     }
 
-    async fn post(&self) -> Result<Vec<AcceptedMessage>, Failure> {
-        let request = if self.single {
+    async fn post(&self) -> Result<Vec<AcceptedMessage>, ClientError> {
+        if self.single {
             let item = &self.messages[0];
-            self.client
-                .post(format!("{}/v1/messages", self.api_url))
-                .header("Idempotency-Key", &item.key)
-                .json(&SendRequest {
-                    recipient: item.recipient.clone(),
-                    body: item.body.clone(),
-                    partition_key: item.partition_key.clone(),
-                })
-        } else {
-            let messages = self
-                .messages
-                .iter()
-                .map(|item| BatchItem {
-                    recipient: item.recipient.clone(),
-                    body: item.body.clone(),
-                    partition_key: item.partition_key.clone(),
-                    idempotency_key: Some(item.key.clone()),
-                })
-                .collect();
-            self.client
-                .post(format!("{}/v1/messages/batch", self.api_url))
-                .json(&BatchRequest { messages })
-        };
-        let response = request.send().await.map_err(|err| {
-            Failure::Transient(if err.is_timeout() {
-                "timeout".to_owned()
-            } else {
-                "connection error".to_owned()
+            let message = SendRequest {
+                recipient: item.recipient.clone(),
+                body: item.body.clone(),
+                partition_key: item.partition_key.clone(),
+            };
+            let accepted = self.client.send(&message, Some(&item.key)).await?;
+            return Ok(vec![accepted]);
+        }
+        let messages = self
+            .messages
+            .iter()
+            .map(|item| BatchItem {
+                recipient: item.recipient.clone(),
+                body: item.body.clone(),
+                partition_key: item.partition_key.clone(),
+                idempotency_key: Some(item.key.clone()),
             })
-        })?;
-        let status = response.status();
-        if !status.is_success() {
-            let reason = format!("HTTP {}", status.as_u16());
-            return Err(if status.is_server_error() || status.as_u16() == 429 {
-                Failure::Transient(reason)
-            } else {
-                Failure::Permanent(reason)
-            });
-        }
-        let answer = if self.single {
-            response.json::<AcceptedMessage>().await.map(|m| vec![m])
-        } else {
-            response.json::<BatchResponse>().await.map(|b| b.messages)
-        };
-        let answer = answer.map_err(|_| Failure::Transient("unreadable answer".to_owned()))?;
-        if answer.len() != self.messages.len() {
-            return Err(Failure::Permanent("wrong number of ids".to_owned()));
-        }
-        Ok(answer)
+            .collect();
+        Ok(self.client.send_batch(messages).await?.messages)
     }
 }
 

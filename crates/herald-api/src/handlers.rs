@@ -228,7 +228,7 @@ pub(crate) async fn get_message(
     };
     match message_with_history(&state.pool, id).await {
         Ok(Some(view)) if caller.may_read(view.created_by.as_deref()) => {
-            Json(crate::wire::MessageHistory::from(view)).into_response()
+            Json(crate::views::message_history(view)).into_response()
         }
         Ok(_) => reject(Problem::new(
             StatusCode::NOT_FOUND,
@@ -257,7 +257,10 @@ pub(crate) async fn get_message(
 pub(crate) async fn list_partitions(State(state): State<ApiState>) -> Response {
     match herald_store::outbox::partitions_overview(&state.pool, state.partitions.get()).await {
         Ok(partitions) => Json(crate::wire::PartitionList {
-            partitions: partitions.into_iter().map(Into::into).collect(),
+            partitions: partitions
+                .into_iter()
+                .map(crate::views::partition_info)
+                .collect(),
         })
         .into_response(),
         Err(err) => {

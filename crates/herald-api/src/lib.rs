@@ -15,7 +15,10 @@ pub mod openapi;
 pub mod operations;
 pub mod problem;
 pub mod validate;
-pub mod wire;
+mod views;
+
+/// The wire types live in `herald-client`, shared with every caller of the API.
+use herald_client::wire;
 
 pub use config::ApiConfig;
 

@@ -330,7 +330,7 @@ pub(crate) async fn list_dead(
             let next = next_page("/v1/dead", &mut rows, limit, |row| row.id);
             Json(wire::DeadList {
                 count,
-                dead: rows.into_iter().map(Into::into).collect(),
+                dead: rows.into_iter().map(crate::views::dead_row).collect(),
                 next,
             })
             .into_response()
@@ -423,7 +423,7 @@ pub(crate) async fn list_parked(
         Ok(mut rows) => {
             let next = next_page("/v1/parking", &mut rows, limit, |row| row.id);
             Json(wire::ParkedList {
-                parked: rows.into_iter().map(Into::into).collect(),
+                parked: rows.into_iter().map(crate::views::parked_item).collect(),
                 next,
             })
             .into_response()

@@ -1,7 +1,8 @@
-//! The API's wire types, shared with clients (the load tester, the demo). Every request and
-//! answer body of `/v1` is one of these (requests are parsed into them, `validate.rs`); the OpenAPI document (`openapi.rs`) is generated from
-//! them. Store rows are mapped into them here, so a change of a table is not a change of the
-//! API by accident.
+//! The API's wire types. Every request and answer body of `/v1` is one of these: the API
+//! parses requests into them (`herald-api/src/validate.rs`), generates its OpenAPI document
+//! from them (`herald-api/src/openapi.rs`) and maps store rows into them
+//! (`herald-api/src/views.rs`), so a change of a table is not a change of the API by
+//! accident; every client reads and writes them through [`crate::Client`].
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -129,31 +130,6 @@ pub struct HistoryEvent {
     pub detail: serde_json::Value,
 }
 
-impl From<herald_store::messages::MessageView> for MessageHistory {
-    fn from(view: herald_store::messages::MessageView) -> Self {
-        Self {
-            id: view.id,
-            partition: view.partition,
-            recipient: view.recipient,
-            body: view.body,
-            idempotency_key: view.idempotency_key,
-            created_by: view.created_by,
-            created_at: view.created_at,
-            state: view.state,
-            events: view
-                .events
-                .into_iter()
-                .map(|event| HistoryEvent {
-                    seq: event.seq,
-                    state: event.state,
-                    at: event.at,
-                    detail: event.detail,
-                })
-                .collect(),
-        }
-    }
-}
-
 /// `GET /v1/partitions`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct PartitionList {
@@ -171,19 +147,6 @@ pub struct PartitionInfo {
     /// Rows waiting to be published.
     pub pending: i64,
     pub oldest_pending_age_seconds: f64,
-}
-
-impl From<herald_store::outbox::PartitionView> for PartitionInfo {
-    fn from(view: herald_store::outbox::PartitionView) -> Self {
-        Self {
-            partition: view.partition,
-            owner: view.owner,
-            epoch: view.epoch,
-            acquired_at: view.acquired_at,
-            pending: view.pending,
-            oldest_pending_age_seconds: view.oldest_pending_age_seconds,
-        }
-    }
 }
 
 /// `POST /v1/providers/{gateway}/receipts`: the stored receipt's id.
@@ -221,20 +184,6 @@ pub struct DeadOutboxRow {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<herald_store::outbox::DeadRow> for DeadOutboxRow {
-    fn from(row: herald_store::outbox::DeadRow) -> Self {
-        Self {
-            id: row.id,
-            partition: row.partition,
-            job_type: row.job_type,
-            message_id: row.message_id,
-            attempts: row.attempts,
-            last_error: row.last_error,
-            created_at: row.created_at,
-        }
-    }
-}
-
 /// `POST /v1/dead/{id}/redrive`: the row is PENDING again with a fresh attempt budget.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Redriven {
@@ -263,20 +212,6 @@ pub struct ParkedItem {
     pub raw: String,
     pub reason: String,
     pub parked_at: DateTime<Utc>,
-}
-
-impl From<herald_store::receipts::Parked> for ParkedItem {
-    fn from(row: herald_store::receipts::Parked) -> Self {
-        Self {
-            id: row.id,
-            job_type: row.job_type,
-            receipt_id: row.receipt_id,
-            gateway: row.gateway,
-            raw: row.raw,
-            reason: row.reason,
-            parked_at: row.parked_at,
-        }
-    }
 }
 
 /// `POST /v1/parking/{id}/replay`: the parked item is queued again as this outbox row.

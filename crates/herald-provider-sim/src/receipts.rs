@@ -107,8 +107,7 @@ impl ReceiptRates {
 /// posted at once).
 #[derive(Clone)]
 pub struct Sender {
-    client: reqwest::Client,
-    base: String,
+    client: herald_client::Client,
     /// Each gateway's signing secret; a gateway without one posts unsigned.
     secrets: Arc<ReceiptSecrets>,
     rates: Arc<ReceiptRates>,
@@ -144,10 +143,12 @@ impl Sender {
             CONCURRENT_POSTS
         };
         Ok(Self {
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()?,
-            base: base.trim_end_matches('/').to_owned(),
+            client: herald_client::Client::from_http(
+                base,
+                reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()?,
+            ),
             secrets: Arc::new(secrets),
             rates: Arc::new(rates),
             record,
@@ -217,8 +218,7 @@ impl Sender {
         let landed = if self.rates.post_batch > 1 {
             self.post_batched(gateway, body).await
         } else {
-            let url = format!("{}/v1/providers/{gateway}/receipts", self.base);
-            self.post_with_retries(&url, gateway, &body, 1).await
+            self.post_with_retries(gateway, &body, 1, false).await
         };
         self.record.lock().await.count_receipt(landed);
     }
@@ -263,10 +263,9 @@ impl Sender {
             let sender = self.clone();
             tokio::spawn(async move {
                 for (gateway, receipts) in by_gateway {
-                    let url = format!("{}/v1/providers/{gateway}/receipts/batch", sender.base);
                     let (bodies, answers): (Vec<Value>, Vec<_>) = receipts.into_iter().unzip();
                     let landed = sender
-                        .post_with_retries(&url, &gateway, &Value::Array(bodies), 0)
+                        .post_with_retries(&gateway, &Value::Array(bodies), 0, true)
                         .await;
                     for answer in answers {
                         let _ = answer.send(landed);
@@ -277,10 +276,17 @@ impl Sender {
         }
     }
 
-    /// Posts `body` to `url` until Herald takes it (true), refuses it (4xx, false) or
-    /// [`GIVE_UP_AFTER`] passed (false), signed with `gateway`'s secret at each try. `slots`
-    /// post slots are taken per try (0: the caller holds one).
-    async fn post_with_retries(&self, url: &str, gateway: &str, body: &Value, slots: u32) -> bool {
+    /// Posts `body` (an array of receipts to the batch endpoint when `batch`) until Herald
+    /// takes it (true), refuses it (4xx, false) or [`GIVE_UP_AFTER`] passed (false), signed
+    /// with `gateway`'s secret at each try. `slots` post slots are taken per try (0: the
+    /// caller holds one).
+    async fn post_with_retries(
+        &self,
+        gateway: &str,
+        body: &Value,
+        slots: u32,
+        batch: bool,
+    ) -> bool {
         // The signature covers these exact bytes: serialised once, sent as they are.
         let bytes = match serde_json::to_vec(body) {
             Ok(bytes) => bytes,
@@ -302,33 +308,36 @@ impl Sender {
                 } else {
                     None
                 };
-                let mut request = self
-                    .client
-                    .post(url)
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(bytes.clone());
-                if let Some(secret) = secret {
+                let signature = secret.map(|secret| {
                     let now = chrono::Utc::now().timestamp();
-                    request = request.header(
-                        herald_core::signature::HEADER,
-                        herald_core::signature::sign(secret, now, &bytes),
-                    );
+                    herald_core::signature::sign(secret, now, &bytes)
+                });
+                let (body, signature) = (bytes.clone(), signature.as_deref());
+                if batch {
+                    self.client
+                        .receipts(gateway, body, signature)
+                        .await
+                        .map(drop)
+                } else {
+                    self.client
+                        .receipt(gateway, body, signature)
+                        .await
+                        .map(drop)
                 }
-                request.send().await
             };
             match answer {
-                Ok(response) if response.status().is_success() => return true,
-                Ok(response) if response.status().is_client_error() => {
-                    tracing::error!(status = %response.status(), %url, "Herald refused a receipt");
+                Ok(()) => return true,
+                Err(err) if !err.is_transient() => {
+                    tracing::error!(error = %err, gateway, batch, "Herald refused a receipt");
                     return false;
                 }
-                _ => {
+                Err(_) => {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }
-        tracing::error!(%url, "gave up posting a receipt");
+        tracing::error!(gateway, batch, "gave up posting a receipt");
         false
     }
 }
@@ -365,6 +374,7 @@ mod tests {
 
     use axum::body::Bytes;
     use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
     use axum::routing::post;
     use herald_core::signature;
 
@@ -386,9 +396,13 @@ mod tests {
                         .map(|v| v.to_str().unwrap().to_owned());
                     seen.push((header, body.to_vec()));
                     if seen.len() == 1 {
-                        StatusCode::SERVICE_UNAVAILABLE
+                        StatusCode::SERVICE_UNAVAILABLE.into_response()
                     } else {
-                        StatusCode::ACCEPTED
+                        (
+                            StatusCode::ACCEPTED,
+                            axum::Json(json!({"receipt_id": seen.len()})),
+                        )
+                            .into_response()
                     }
                 }
             }),
@@ -416,17 +430,8 @@ mod tests {
         };
         let sender = Sender::new(&base, secrets, rates, record).unwrap();
         let body = json!({"provider_id": "1", "status": "DELIVRD", "timestamp": 1_760_000_000});
-        let url = |gateway: &str| format!("{base}/v1/providers/{gateway}/receipts");
-        assert!(
-            sender
-                .post_with_retries(&url("gw-a"), "gw-a", &body, 1)
-                .await
-        );
-        assert!(
-            sender
-                .post_with_retries(&url("gw-b"), "gw-b", &body, 1)
-                .await
-        );
+        assert!(sender.post_with_retries("gw-a", &body, 1, false).await);
+        assert!(sender.post_with_retries("gw-b", &body, 1, false).await);
 
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 3, "a refused post, its retry, and gw-b's post");

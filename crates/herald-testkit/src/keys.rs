@@ -137,10 +137,7 @@ pub fn bearer_client(key: &str) -> anyhow::Result<reqwest::Client> {
 
 /// A client builder whose every request carries `Authorization: Bearer <key>`.
 pub fn bearer_client_builder(key: &str) -> anyhow::Result<reqwest::ClientBuilder> {
-    let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))?;
-    value.set_sensitive(true);
-    let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, value)]);
-    Ok(reqwest::Client::builder().default_headers(headers))
+    Ok(herald_client::http_builder(Some(key))?)
 }
 
 /// 32 random bytes as hex: a key or secret nobody guesses.

@@ -5,6 +5,7 @@
 mod accept;
 mod access;
 mod auth;
+mod client;
 mod errors;
 mod guard;
 mod lists;

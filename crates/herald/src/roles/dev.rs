@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use herald_api::wire::{BatchItem, BatchRequest, BatchResponse, SendRequest};
+use herald_client::wire::{BatchItem, SendRequest};
 use herald_testkit::keys::{CLIENT, OPERATOR, RUNTIME_ROLE};
 use herald_testkit::{
     DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
@@ -124,8 +124,8 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
 
     let mut code = 0;
     if args.messages > 0 {
-        let client = herald_testkit::keys::bearer_client(&keys.client_key)?;
-        code = demo(&args, &client, &api, &database_url, &sim).await?;
+        let client = herald_client::Client::new(&api, Some(&keys.client_key))?;
+        code = demo(&args, &client, &database_url, &sim).await?;
     }
     if args.keep_running {
         println!(
@@ -147,8 +147,7 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
 
 async fn demo(
     args: &DevArgs,
-    client: &reqwest::Client,
-    api: &str,
+    client: &herald_client::Client,
     database_url: &str,
     sim: &str,
 ) -> anyhow::Result<i32> {
@@ -163,7 +162,7 @@ async fn demo(
         .map(|start| start..(start + batch).min(args.messages))
         .collect();
     let results: Vec<anyhow::Result<usize>> = futures::stream::iter(chunks)
-        .map(|range| send_chunk(client, api, range, batch))
+        .map(|range| send_chunk(client, range, batch))
         .buffer_unordered(args.concurrency.max(1))
         .collect()
         .await;
@@ -217,8 +216,7 @@ async fn demo(
 }
 
 async fn send_chunk(
-    client: &reqwest::Client,
-    api: &str,
+    client: &herald_client::Client,
     range: std::ops::Range<usize>,
     batch: usize,
 ) -> anyhow::Result<usize> {
@@ -230,45 +228,18 @@ async fn send_chunk(
             body: serde_json::json!({ "text": format!("demo message {i}") }),
             partition_key: None,
         };
-        let response = client
-            .post(format!("{api}/v1/messages"))
-            .json(&request)
-            .send()
-            .await?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "API answered {}",
-            response.status()
-        );
+        client.send(&request, None).await?;
         return Ok(1);
     }
-    let request = BatchRequest {
-        messages: range
-            .map(|i| BatchItem {
-                recipient: format!("+1555{:07}", i % 5000),
-                body: serde_json::json!({ "text": format!("demo message {i}") }),
-                partition_key: None,
-                idempotency_key: Some(format!("demo-{i}")),
-            })
-            .collect(),
-    };
-    let response = client
-        .post(format!("{api}/v1/messages/batch"))
-        .json(&request)
-        .send()
-        .await?;
-    let status = response.status();
-    anyhow::ensure!(
-        status.is_success(),
-        "API answered {status}: {}",
-        response.text().await.unwrap_or_default()
-    );
-    let answer: BatchResponse = response.json().await?;
-    anyhow::ensure!(
-        answer.messages.len() == count,
-        "API answered {} ids for {count} messages",
-        answer.messages.len()
-    );
+    let messages = range
+        .map(|i| BatchItem {
+            recipient: format!("+1555{:07}", i % 5000),
+            body: serde_json::json!({ "text": format!("demo message {i}") }),
+            partition_key: None,
+            idempotency_key: Some(format!("demo-{i}")),
+        })
+        .collect();
+    client.send_batch(messages).await?;
     Ok(count)
 }
 
@@ -276,16 +247,14 @@ async fn wait_healthy(
     api: &str,
     roles: &mut tokio::task::JoinSet<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
+    let client = herald_client::Client::new(api, None)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(Ok(Err(err))) = roles.try_join_next() {
             return Err(err.context("a role failed to start"));
         }
-        if let Ok(response) = client.get(format!("{api}/readyz")).send().await {
-            if response.status().is_success() {
-                return Ok(());
-            }
+        if client.ready().await {
+            return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,

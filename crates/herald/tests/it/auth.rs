@@ -531,26 +531,18 @@ async fn a_test_deployment_runs_as_the_runtime_role_with_keys() {
     assert_eq!(users, [RUNTIME_ROLE]);
     let ids = herald.send(20, 10, 1).await;
     // A client key reads the messages it accepted, not the operator's.
-    let client = herald.keys.client_client().unwrap();
-    let response = client
-        .post(format!("{}/v1/messages", herald.api_url))
-        .json(&json!({"recipient": "+15550100", "body": {"text": "mine"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
-    let own = response.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let read = |id: &str| {
-        client
-            .get(format!("{}/v1/messages/{id}", herald.api_url))
-            .send()
+    let client =
+        herald_client::Client::from_http(&herald.api_url, herald.keys.client_client().unwrap());
+    let mine = herald_client::wire::SendRequest {
+        recipient: "+15550100".to_owned(),
+        body: json!({"text": "mine"}),
+        partition_key: None,
     };
-    let message: Value = read(&own).await.unwrap().json().await.unwrap();
-    assert_eq!(message["created_by"], CLIENT);
-    assert_eq!(read(&ids[0]).await.unwrap().status(), 404);
+    let own = client.send(&mine, None).await.unwrap().id;
+    let message = client.message(own).await.unwrap().expect("its own message");
+    assert_eq!(message.created_by.as_deref(), Some(CLIENT));
+    let operators: uuid::Uuid = ids[0].parse().unwrap();
+    assert!(client.message(operators).await.unwrap().is_none(), "404");
     herald.wait_delivered(21, Duration::from_secs(60)).await;
     // The simulator's signed receipts are taken: verify waits until every message settled.
     let (code, report) = herald.verify().await;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use herald_client::wire::{BatchItem, SendRequest};
 use herald_testkit::{
     free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
     RoleProcess, TestCerts,
@@ -87,8 +88,10 @@ pub struct Deployment {
     /// The status job type's queue store.
     pub status_redis: LocalRedis,
     pub roles: Vec<RoleProcess>,
-    /// Sends the operator key with every request.
+    /// Sends the operator key with every request (to any role).
     pub client: reqwest::Client,
+    /// The API's client, with the operator key.
+    pub api: herald_client::Client,
     pub logs: tempfile::TempDir,
     /// The certificates of a TLS deployment.
     pub certs: Option<TestCerts>,
@@ -179,6 +182,10 @@ impl Deployment {
             pool,
             roles: Vec::new(),
             client: keys.operator_client().unwrap(),
+            api: herald_client::Client::from_http(
+                &format!("http://127.0.0.1:{api_port}"),
+                keys.operator_client().unwrap(),
+            ),
             keys,
             logs,
             certs,
@@ -358,24 +365,9 @@ impl Deployment {
             .collect();
         let answers: Vec<Vec<String>> = futures::stream::iter(ranges)
             .map(|range| async move {
-                let messages: Vec<Value> = range
-                    .map(|i| json!({"recipient": format!("+1555{i:07}"), "body": {"n": i}}))
-                    .collect();
-                let response = self
-                    .client
-                    .post(format!("{}/v1/messages/batch", self.api_url))
-                    .json(&json!({ "messages": messages }))
-                    .send()
-                    .await
-                    .expect("API reachable");
-                assert_eq!(response.status(), 202);
-                let answer: Value = response.json().await.unwrap();
-                answer["messages"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|m| m["id"].as_str().unwrap().to_owned())
-                    .collect()
+                let messages = range.map(|i| item(format!("+1555{i:07}"), i)).collect();
+                let answer = self.api.send_batch(messages).await.expect("API accepts");
+                answer.messages.iter().map(|m| m.id.to_string()).collect()
             })
             .buffered(in_flight)
             .collect()
@@ -561,24 +553,18 @@ pub struct Load {
 impl Load {
     pub fn start(herald: &Deployment, batch: usize, every: Duration) -> Self {
         let stop = CancellationToken::new();
-        let (client, api, cancel) = (herald.client.clone(), herald.api_url.clone(), stop.clone());
+        let (api, cancel) = (herald.api.clone(), stop.clone());
         let task = tokio::spawn(async move {
             let mut sent = 0;
             let mut tick = tokio::time::interval(every);
             while !cancel.is_cancelled() {
                 tick.tick().await;
-                let messages: Vec<_> = (0..batch)
-                    .map(
-                        |i| json!({"recipient": format!("r{}", sent + i), "body": {"n": sent + i}}),
-                    )
+                let messages = (0..batch)
+                    .map(|i| item(format!("r{}", sent + i), sent + i))
                     .collect();
-                let response = client
-                    .post(format!("{api}/v1/messages/batch"))
-                    .json(&json!({ "messages": messages }))
-                    .send()
+                api.send_batch(messages)
                     .await
-                    .expect("API reachable");
-                assert_eq!(response.status(), 202, "the API keeps accepting");
+                    .expect("the API keeps accepting");
                 sent += batch;
             }
             sent
@@ -603,32 +589,29 @@ pub struct KeptIds {
 impl KeptIds {
     pub fn start(herald: &Deployment, in_flight: usize) -> Self {
         let stop = CancellationToken::new();
-        let (client, api, cancel) = (herald.client.clone(), herald.api_url.clone(), stop.clone());
+        let (api, cancel) = (herald.api.clone(), stop.clone());
         let task = tokio::spawn(async move {
             let kept = Arc::new(Mutex::new(Vec::new()));
             let failed = Arc::new(AtomicUsize::new(0));
             let mut senders = tokio::task::JoinSet::new();
             for lane in 0..in_flight {
-                let (client, api, cancel) = (client.clone(), api.clone(), cancel.clone());
+                let (api, cancel) = (api.clone(), cancel.clone());
                 let (kept, failed) = (kept.clone(), failed.clone());
                 senders.spawn(async move {
                     let mut n = 0;
                     while !cancel.is_cancelled() {
                         n += 1;
-                        let body =
-                            json!({"recipient": format!("lane{lane}-{n}"), "body": {"n": n}});
-                        let answer = client
-                            .post(format!("{api}/v1/messages"))
-                            .timeout(Duration::from_secs(5))
-                            .json(&body)
-                            .send()
-                            .await;
+                        let message = SendRequest {
+                            recipient: format!("lane{lane}-{n}"),
+                            body: json!({"n": n}),
+                            partition_key: None,
+                        };
+                        let answer =
+                            tokio::time::timeout(Duration::from_secs(5), api.send(&message, None))
+                                .await;
                         match answer {
-                            Ok(response) if response.status() == 202 => {
-                                let value: Value = response.json().await.unwrap();
-                                kept.lock()
-                                    .unwrap()
-                                    .push(value["id"].as_str().unwrap().to_owned());
+                            Ok(Ok(accepted)) => {
+                                kept.lock().unwrap().push(accepted.id.to_string());
                             }
                             _ => {
                                 failed.fetch_add(1, Ordering::Relaxed);
@@ -649,5 +632,15 @@ impl KeptIds {
     pub async fn finish(self) -> (Vec<String>, usize) {
         self.stop.cancel();
         self.task.await.unwrap()
+    }
+}
+
+/// A batch item with a recipient and `{"n": n}` as its body.
+fn item(recipient: String, n: usize) -> BatchItem {
+    BatchItem {
+        recipient,
+        body: json!({ "n": n }),
+        partition_key: None,
+        idempotency_key: None,
     }
 }

@@ -126,9 +126,8 @@ async fn restarting_each_api_under_load_fails_no_request() {
     let failures = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut clients = Vec::new();
     for task in 0..4 {
-        let (client, url, sending, failures) = (
-            client.clone(),
-            format!("{}/v1/messages", proxy.url),
+        let (client, sending, failures) = (
+            herald_client::Client::from_http(&proxy.url, client.clone()),
             sending.clone(),
             failures.clone(),
         );
@@ -138,24 +137,18 @@ async fn restarting_each_api_under_load_fails_no_request() {
             while sending.load(Ordering::Relaxed) {
                 n += 1;
                 let key = format!("roll-{task}-{n}");
-                let body = json!({"recipient": format!("+1555{task:02}{n:05}"), "body": {"n": n}});
+                let message = herald_client::wire::SendRequest {
+                    recipient: format!("+1555{task:02}{n:05}"),
+                    body: json!({"n": n}),
+                    partition_key: None,
+                };
                 let mut done = false;
                 for attempt in 1..=20 {
-                    let answer = client
-                        .post(&url)
-                        .header("Idempotency-Key", &key)
-                        .json(&body)
-                        .send()
-                        .await;
-                    match answer {
-                        Ok(r) if r.status() == 202 => {
+                    match client.send(&message, Some(&key)).await {
+                        Ok(_) => {
                             done = true;
                             break;
                         }
-                        Ok(r) => failures
-                            .lock()
-                            .unwrap()
-                            .push(format!("{key} attempt {attempt}: {}", r.status())),
                         Err(err) => failures
                             .lock()
                             .unwrap()

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use herald_client::wire::{BatchItem, SendRequest};
 use herald_core::send_effect_key;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -15,25 +16,21 @@ use crate::{Deployment, Options};
 const MINUTE: Duration = Duration::from_secs(60);
 
 async fn post_batch(herald: &Deployment, recipients: &[&str]) -> Vec<String> {
-    let messages: Vec<Value> = recipients
+    let messages = recipients
         .iter()
-        .map(|r| json!({"recipient": r, "body": {"text": format!("to {r}")}}))
+        .map(|r| BatchItem {
+            recipient: r.to_string(),
+            body: json!({"text": format!("to {r}")}),
+            partition_key: None,
+            idempotency_key: None,
+        })
         .collect();
-    let response = herald
-        .client
-        .post(format!("{}/v1/messages/batch", herald.api_url))
-        .json(&json!({ "messages": messages }))
-        .send()
+    let answer = herald
+        .api
+        .send_batch(messages)
         .await
-        .unwrap();
-    assert_eq!(response.status(), 202, "the API answers 202");
-    let answer: Value = response.json().await.unwrap();
-    answer["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap().to_owned())
-        .collect()
+        .expect("the API answers 202");
+    answer.messages.iter().map(|m| m.id.to_string()).collect()
 }
 
 fn recipients(prefix: &str, n: usize) -> Vec<String> {
@@ -113,14 +110,12 @@ async fn r1_the_api_accepts_while_redis_is_down_and_everything_is_delivered_afte
     herald.redis.stop().await.unwrap();
     let ids = send_n(&herald, "no-redis", 200).await;
     assert_eq!(ids.len(), 200);
-    let single = herald
-        .client
-        .post(format!("{}/v1/messages", herald.api_url))
-        .json(&json!({"recipient": "one", "body": 1}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(single.status(), 202);
+    let single = SendRequest {
+        recipient: "one".to_owned(),
+        body: json!(1),
+        partition_key: None,
+    };
+    herald.api.send(&single, None).await.expect("202");
     // The poller saw the store unreachable and held the rows back (or tried and was refused):
     // only then is "nothing sent" news.
     let poller = herald.poller_admins[0].clone();
