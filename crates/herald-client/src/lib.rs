@@ -174,9 +174,7 @@ impl Client {
 
     /// `GET /v1/dead`: a page of DEAD outbox rows after outbox id `after`, oldest first.
     pub async fn dead(&self, after: Option<i64>, limit: u32) -> Result<DeadList, ClientError> {
-        let mut query = vec![("limit", limit.to_string())];
-        query.extend(after.map(|after| ("after", after.to_string())));
-        answer(self.http.get(self.url("/v1/dead")).query(&query)).await
+        self.page("/v1/dead", after, limit).await
     }
 
     /// `POST /v1/dead/{id}/redrive`.
@@ -190,9 +188,7 @@ impl Client {
 
     /// `GET /v1/parking`: a page of parked input after parking id `after`, oldest first.
     pub async fn parking(&self, after: Option<i64>, limit: u32) -> Result<ParkedList, ClientError> {
-        let mut query = vec![("limit", limit.to_string())];
-        query.extend(after.map(|after| ("after", after.to_string())));
-        answer(self.http.get(self.url("/v1/parking")).query(&query)).await
+        self.page("/v1/parking", after, limit).await
     }
 
     /// `POST /v1/parking/{id}/replay`.
@@ -251,6 +247,18 @@ impl Client {
             Ok(response) => response.status().is_success(),
             Err(_) => false,
         }
+    }
+
+    /// A page of an operator list: `?limit=…` and `&after=…` when given.
+    async fn page<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<T, ClientError> {
+        let mut query = vec![("limit", limit.to_string())];
+        query.extend(after.map(|after| ("after", after.to_string())));
+        answer(self.http.get(self.url(path)).query(&query)).await
     }
 
     fn url(&self, path: &str) -> String {
