@@ -1,5 +1,6 @@
 //! A whole local deployment: PostgreSQL, one Redis per job type, etcd, and every role as its
-//! own process of the built `herald` binary, with known addresses and pids. Any role can be
+//! own process of the built `herald` binary, with known addresses and pids. `herald dev`, the
+//! load tester and its chaos steps run this one. Any role can be
 //! killed, terminated, paused and started again; Redis restarted; etcd stopped and started.
 //! The load tester's chaos steps and tests drive it; dropping it kills everything. It runs as
 //! production does: the roles connect as the runtime database role, the API holds a client
@@ -44,6 +45,8 @@ pub struct DeploymentOptions {
     pub send_worker_flags: Vec<String>,
     pub status_worker_flags: Vec<String>,
     pub sim_flags: Vec<String>,
+    /// The API's port (a free one when None).
+    pub api_port: Option<u16>,
 }
 
 impl DeploymentOptions {
@@ -60,6 +63,7 @@ impl DeploymentOptions {
             send_worker_flags: Vec::new(),
             status_worker_flags: Vec::new(),
             sim_flags: Vec::new(),
+            api_port: None,
         }
     }
 }
@@ -162,7 +166,11 @@ impl LocalDeployment {
         );
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs)?;
-        let api_url = format!("http://127.0.0.1:{}", free_port()?);
+        let api_port = match options.api_port {
+            Some(port) => port,
+            None => free_port()?,
+        };
+        let api_url = format!("http://127.0.0.1:{api_port}");
         let sim_url = format!("http://127.0.0.1:{}", free_port()?);
         let mut deployment = Self {
             pg,

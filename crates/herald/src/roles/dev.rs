@@ -1,131 +1,59 @@
-//! `herald dev`: local PostgreSQL, Redis and etcd under one folder, every role in this
-//! process, a demo load, and the proof that nothing was lost. It runs with credentials, as
-//! production does: random client and operator keys, a receipt secret per gateway shared by
-//! the API and the simulator, and the roles connected as the runtime database role. They are
-//! handed to the roles in memory, never on a command line.
+//! `herald dev`: local PostgreSQL, Redis and etcd under one folder, every role as its own
+//! process of this binary, a demo load, and the proof that nothing was lost. The deployment is
+//! the test kit's `LocalDeployment`, the one the load tester and its chaos steps run. It runs
+//! with credentials, as production does: random client and operator keys, a receipt secret per
+//! gateway shared by the API and the simulator, and the roles connected as the runtime
+//! database role. They are handed to the roles in their environment, never on a command line.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use herald_client::wire::{BatchItem, SendRequest};
-use herald_testkit::keys::{CLIENT, OPERATOR, RUNTIME_ROLE};
-use herald_testkit::{
-    DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
-};
-use tokio_util::sync::CancellationToken;
-
-use herald_api::ApiConfig;
-use herald_core::JobType;
-use herald_poller::config::PollerConfig;
-use herald_provider_sim::config::SimConfig;
-use herald_store::config::MigrateConfig;
-use herald_worker::config::WorkerConfig;
+use herald_testkit::keys::{CLIENT, OPERATOR};
+use herald_testkit::{DeploymentOptions, LocalDeployment};
 
 use crate::cli::{DevArgs, LogFormat};
 use crate::telemetry;
 
 pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     telemetry::init_logs(LogFormat::Pretty);
-    herald_testkit::packages::ensure_installed().await?;
-    if args.dir.exists() {
-        std::fs::remove_dir_all(&args.dir)?;
-    }
-    std::fs::create_dir_all(&args.dir)?;
-    let dir = std::fs::canonicalize(&args.dir)?;
-    println!("herald dev: servers and logs in {}", dir.display());
-
-    let pg = LocalPostgres::start_in(
-        &dir.join("postgres"),
-        &PostgresOptions {
-            durable: true,
-            max_connections: 200,
-            ..PostgresOptions::default()
-        },
-    )
-    .await?;
-    let send_redis =
-        LocalRedis::start_in(&dir.join("redis-send"), &RedisOptions::default()).await?;
-    let status_redis =
-        LocalRedis::start_in(&dir.join("redis-status"), &RedisOptions::default()).await?;
-    let etcd = LocalEtcd::start_in(&dir.join("etcd")).await?;
-    let database_url = pg.create_database("herald").await?;
-    let keys = DeploymentKeys::generate();
-    let runtime_url = keys.runtime_url(&database_url)?;
+    let api_port = api_address(args.api_port)?.port();
+    // The same deployment the load tester and the chaos steps run: servers under one folder,
+    // each role a process of this binary with its typed configuration as its `--config` file.
+    let mut options = DeploymentOptions::new(std::env::current_exe()?);
+    options.dir = Some(args.dir.clone());
+    options.partitions = args.partitions;
+    options.durable = true;
+    options.api_port = Some(api_port);
+    options.poller_flags = vec!["--poll-interval=200ms".to_owned()];
+    println!(
+        "herald dev: starting PostgreSQL, Redis and etcd, then every role, in {}",
+        args.dir.display()
+    );
+    let deployment = LocalDeployment::start(&options).await?;
+    let (api, sim) = (&deployment.api_url, &deployment.sim_url);
     println!(
         "PostgreSQL {}  Redis send {} status {}  etcd {}",
-        crate::cli::masked_url(&database_url),
-        send_redis.url(),
-        status_redis.url(),
-        etcd.endpoint()
+        crate::cli::masked_url(&deployment.database_url),
+        deployment.send_redis.url(),
+        deployment.status_redis.url(),
+        deployment.etcd.endpoint()
+    );
+    println!("API {api}  provider simulator {sim}");
+    for (name, admin) in deployment.metrics_urls() {
+        println!("  {name:<14} {admin}/metrics");
+    }
+    println!(
+        "each role's log: {}",
+        deployment.dir().join("logs").join("<role>.log").display()
     );
 
-    // Each role's settings are its typed configuration, built here: the defaults a deployment
-    // gets, with this run's addresses, pool sizes and keys. Each role's run checks its own.
-    let mut migrate = MigrateConfig::new(&database_url);
-    migrate.partitions = args.partitions;
-    migrate.runtime_role = Some(RUNTIME_ROLE.to_owned());
-    migrate.runtime_role_password = Some(keys.runtime_password.clone());
-    super::migrate::migrate(&migrate).await?;
-
-    let cancel = CancellationToken::new();
-    let api_addr = api_address(args.api_port)?;
-    let sim_addr = free_address()?;
-    let poller_admin = free_address()?;
-    let send_admin = free_address()?;
-    let status_admin = free_address()?;
-    let api = format!("http://{api_addr}");
-    let sim = format!("http://{sim_addr}");
-    let mut roles = tokio::task::JoinSet::new();
-
-    let sim_config = SimConfig {
-        listen: sim_addr,
-        log_path: dir.join("provider-sim-submits.jsonl"),
-        callback_url: Some(api.clone()),
-        receipt_secrets: Some(keys.receipt_secrets_value()),
-        ..SimConfig::default()
-    };
-    roles.spawn(super::sim::run(sim_config, cancel.clone()));
-
-    let mut api_config = ApiConfig::new(&runtime_url);
-    api_config.listen = api_addr;
-    api_config.database.database_max_connections = 32;
-    api_config.redis_send_url = vec![send_redis.url()];
-    api_config.redis_status_url = vec![status_redis.url()];
-    api_config.auth.client_keys = Some(format!("{CLIENT}={}", keys.client_key));
-    api_config.auth.operator_keys = Some(format!("{OPERATOR}={}", keys.operator_key));
-    api_config.auth.receipt_secrets = Some(keys.receipt_secrets_value());
-    roles.spawn(super::api::run(api_config, cancel.clone()));
-
-    let mut poller = PollerConfig::new(&runtime_url, send_redis.url(), status_redis.url());
-    poller.poller_id = Some("dev-poller".to_owned());
-    poller.admin_listen = poller_admin;
-    poller.poll_interval = Duration::from_millis(200);
-    poller.etcd_endpoints = vec![etcd.endpoint()];
-    poller.database.database_max_connections = 24;
-    roles.spawn(super::poller::run(poller, cancel.clone()));
-
-    for (job_type, redis, admin) in [
-        (JobType::Send, &send_redis, send_admin),
-        (JobType::Status, &status_redis, status_admin),
-    ] {
-        let mut worker = WorkerConfig::new(job_type, &runtime_url, redis.url());
-        worker.admin_listen = admin;
-        worker.database.database_max_connections = 32;
-        worker.worker_id = Some(format!("dev-{job_type}-worker"));
-        if job_type == JobType::Send {
-            worker.provider_url = Some(sim.clone());
-        }
-        roles.spawn(super::worker::run(worker, cancel.clone()));
-    }
-
-    wait_healthy(&api, &mut roles).await?;
-    println!("API {api}  provider simulator {sim}  poller admin http://{poller_admin}  send worker admin http://{send_admin}  status worker admin http://{status_admin}");
-
+    let keys = &deployment.keys;
     let mut code = 0;
     if args.messages > 0 {
-        let client = herald_client::Client::new(&api, Some(&keys.client_key))?;
-        code = demo(&args, &client, &database_url, &sim).await?;
+        let client = herald_client::Client::new(api, Some(&keys.client_key))?;
+        code = demo(&args, &client, &deployment.database_url, sim).await?;
     }
     if args.keep_running {
         println!(
@@ -135,13 +63,8 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
         let signal = crate::shutdown::on_signal();
         signal.cancelled().await;
     }
-    cancel.cancel();
-    while let Some(joined) = roles.join_next().await {
-        if let Ok(Err(err)) = joined {
-            tracing::warn!(error = format!("{err:#}"), "a role stopped with an error");
-        }
-    }
-    drop((pg, send_redis, status_redis, etcd));
+    // Dropping the deployment stops every role and server.
+    drop(deployment);
     Ok(code)
 }
 
@@ -243,29 +166,7 @@ async fn send_chunk(
     Ok(count)
 }
 
-async fn wait_healthy(
-    api: &str,
-    roles: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-) -> anyhow::Result<()> {
-    let client = herald_client::Client::new(api, None)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(Ok(Err(err))) = roles.try_join_next() {
-            return Err(err.context("a role failed to start"));
-        }
-        if client.ready().await {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the API did not become ready in 30s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Role arguments parsed exactly as the command line would be, so `herald dev` runs every role
-/// with the same defaults and validation as production.
+/// A free local port's address.
 fn free_address() -> anyhow::Result<SocketAddr> {
     Ok(SocketAddr::from((
         [127, 0, 0, 1],
