@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::chaos::Scenario;
 use crate::cost::Cost;
-use crate::load::{self, LoadSettings, Phase};
+use crate::load::{self, LoadSettings};
 use crate::proof::{self, Proof};
 use crate::run::{LocalArgs, TargetArgs};
 
@@ -98,21 +98,13 @@ pub async fn main(mut args: DrainArgs) -> anyhow::Result<i32> {
     }
     let pool = crate::cost::tester_pool(&target.database_url, 4).await?;
 
-    let settings = LoadSettings {
-        phases: vec![Phase {
-            rate: args.fill_rate,
-            duration: Duration::from_secs_f64(args.messages as f64 / args.fill_rate),
-        }],
-        batch: args.batch,
-        payload_bytes: args.payload_bytes,
-        recipients: 10_000,
-        partition_keys: 0,
-        replay_rate: 0.0,
-        retries: 3,
-        max_in_flight: 512,
-        request_timeout: Duration::from_secs(30),
-        seed: args.seed.unwrap_or_else(rand::random),
-    };
+    let settings = LoadSettings::steady(
+        args.fill_rate,
+        Duration::from_secs_f64(args.messages as f64 / args.fill_rate),
+        args.batch,
+        args.payload_bytes,
+        args.seed,
+    );
     println!(
         "filling a backlog of {} messages ({} per request, pollers stopped)",
         settings.offered(),

@@ -51,6 +51,30 @@ pub struct LoadSettings {
 }
 
 impl LoadSettings {
+    /// One steady phase of `rate` for `duration`, as the benchmarks send it: 10,000
+    /// recipients, no partition keys, no replays, 3 retries with the same key; a seed of
+    /// its own unless given.
+    pub fn steady(
+        rate: f64,
+        duration: Duration,
+        batch: usize,
+        payload_bytes: usize,
+        seed: Option<u64>,
+    ) -> Self {
+        Self {
+            phases: vec![Phase { rate, duration }],
+            batch,
+            payload_bytes,
+            recipients: 10_000,
+            partition_keys: 0,
+            replay_rate: 0.0,
+            retries: 3,
+            max_in_flight: 512,
+            request_timeout: Duration::from_secs(30),
+            seed: seed.unwrap_or_else(rand::random),
+        }
+    }
+
     pub fn duration(&self) -> Duration {
         self.phases.iter().map(|p| p.duration).sum()
     }

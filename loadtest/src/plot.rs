@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::report::Report;
@@ -70,22 +71,27 @@ fn draw_svg(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
     Ok(())
 }
 
-fn panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, plotters::coord::Shift>,
+/// The y axis' top: 15 % above the highest point (at least 1).
+fn top_of<'a>(series: impl Iterator<Item = &'a Vec<(f64, f64)>>) -> f64 {
+    series
+        .flat_map(|points| points.iter().map(|(_, y)| *y))
+        .fold(1.0f64, f64::max)
+        * 1.15
+}
+
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A panel's titled, meshed chart over the run's seconds and `0..top` of `unit`.
+fn frame<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
     unit: &str,
     seconds: f64,
-    series: &[Series],
-    report: &Report,
-) -> Result<(), Box<dyn std::error::Error>>
+    top: f64,
+) -> Result<Chart<'a, DB>, Box<dyn std::error::Error>>
 where
     DB::ErrorType: 'static,
 {
-    let top = series
-        .iter()
-        .flat_map(|(_, _, points)| points.iter().map(|(_, y)| *y))
-        .fold(1.0f64, f64::max)
-        * 1.15;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 18))
         .margin(12)
@@ -97,6 +103,22 @@ where
         .x_desc("seconds since the load started")
         .y_desc(unit)
         .draw()?;
+    Ok(chart)
+}
+
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    unit: &str,
+    seconds: f64,
+    series: &[Series],
+    report: &Report,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    let top = top_of(series.iter().map(|(_, _, points)| points));
+    let mut chart = frame(area, title, unit, seconds, top)?;
     for (label, color, points) in series {
         let color = *color;
         // Offered is drawn wide underneath, so it shows where accepted covers it.
@@ -247,22 +269,8 @@ fn soak_panel<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let top = series
-        .iter()
-        .flat_map(|(_, _, points)| points.iter().map(|(_, y)| *y))
-        .fold(1.0f64, f64::max)
-        * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..seconds, 0f64..top)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds since the load started")
-        .y_desc(unit)
-        .draw()?;
+    let top = top_of(series.iter().map(|(_, _, points)| points));
+    let mut chart = frame(area, title, unit, seconds, top)?;
     chart.draw_series(std::iter::once(PathElement::new(
         vec![(steady_from, 0.0), (steady_from, top)],
         BLACK.mix(0.4).stroke_width(1),

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::chaos::Scenario;
-use crate::load::{self, LoadSettings, Phase};
+use crate::load::{self, LoadSettings};
 use crate::proof::{self, Proof};
 use crate::run::{LocalArgs, TargetArgs};
 
@@ -186,19 +186,15 @@ pub async fn main(mut args: SoakArgs) -> anyhow::Result<i32> {
         crate::run::target(&args.local, &TargetArgs::default(), &Scenario::default()).await?;
     let pool = crate::cost::tester_pool(&target.database_url, 2).await?;
     let settings = LoadSettings {
-        phases: vec![Phase {
-            rate: args.rate,
-            duration: args.duration,
-        }],
-        batch: args.batch,
-        payload_bytes: args.payload_bytes,
-        recipients: 10_000,
-        partition_keys: 0,
-        replay_rate: 0.0,
-        retries: 3,
         max_in_flight: 1024,
         request_timeout: Duration::from_secs(10),
-        seed: args.seed.unwrap_or_else(rand::random),
+        ..LoadSettings::steady(
+            args.rate,
+            args.duration,
+            args.batch,
+            args.payload_bytes,
+            args.seed,
+        )
     };
     println!(
         "soak: {:.0} msg/s for {:?}, retention {:?} (DONE rows and histories after {:?}), a size sample every {:?}",

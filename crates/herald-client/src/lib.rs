@@ -48,6 +48,9 @@ pub enum ClientError {
     /// A success status with a body that is not the expected answer.
     #[error("unreadable answer: {0}")]
     Unreadable(String),
+    /// The API key cannot be a header value (it must be visible ASCII); nothing was sent.
+    #[error("an API key must be visible ASCII")]
+    InvalidKey,
 }
 
 impl ClientError {
@@ -56,6 +59,7 @@ impl ClientError {
         match self {
             ClientError::Transport(_) | ClientError::Unreadable(_) => true,
             ClientError::Status { status, .. } => *status >= 500 || *status == 429,
+            ClientError::InvalidKey => false,
         }
     }
 
@@ -74,6 +78,7 @@ impl ClientError {
             ClientError::Transport(_) => self.to_string(),
             ClientError::Status { status, .. } => format!("HTTP {status}"),
             ClientError::Unreadable(_) => "unreadable answer".to_owned(),
+            ClientError::InvalidKey => self.to_string(),
         }
     }
 }
@@ -93,8 +98,8 @@ pub fn http_builder(api_key: Option<&str>) -> Result<reqwest::ClientBuilder, Cli
     let Some(key) = api_key else {
         return Ok(builder);
     };
-    let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
-        .map_err(|_| ClientError::Unreadable("an API key must be visible ASCII".to_owned()))?;
+    let mut value =
+        HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| ClientError::InvalidKey)?;
     value.set_sensitive(true);
     Ok(builder.default_headers(HeaderMap::from_iter([(AUTHORIZATION, value)])))
 }
@@ -114,15 +119,6 @@ impl Client {
             http,
             base_url: base_url.trim_end_matches('/').to_owned(),
         }
-    }
-
-    pub fn base_url(&self) -> &str {
-        &self.base_url
-    }
-
-    /// The HTTP client underneath, for the routes outside `/v1` (`/metrics`).
-    pub fn http(&self) -> &reqwest::Client {
-        &self.http
     }
 
     /// `POST /v1/messages`, with an `Idempotency-Key` if given.

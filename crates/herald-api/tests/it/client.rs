@@ -110,14 +110,7 @@ async fn a_refused_request_is_its_status_and_problem_and_only_some_are_worth_a_r
 async fn the_client_pages_through_dead_rows_and_redrives_one() {
     let api = TestApi::default().await;
     let client = Client::new(&api.base, None).unwrap();
-    let dead: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO outbox (partition, job_type, status, last_error)
-         SELECT n % 8, 'send', 'DEAD', 'out of attempts' FROM generate_series(1, 3) n
-         RETURNING id",
-    )
-    .fetch_all(&api.pool)
-    .await
-    .unwrap();
+    let dead = api.dead_rows(3).await;
     let first = client.dead(None, 2).await.unwrap();
     assert_eq!(first.count, 3);
     let ids: Vec<i64> = first.dead.iter().map(|row| row.id).collect();

@@ -29,14 +29,7 @@ async fn pages(api: &TestApi, first: &str, rows: &str) -> Vec<Vec<i64>> {
 #[tokio::test]
 async fn dead_rows_and_parked_items_are_listed_a_page_at_a_time() {
     let api = TestApi::default().await;
-    let dead: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO outbox (partition, job_type, status, last_error)
-         SELECT n % 8, 'send', 'DEAD', 'out of attempts' FROM generate_series(1, 5) n
-         RETURNING id",
-    )
-    .fetch_all(&api.pool)
-    .await
-    .unwrap();
+    let dead = api.dead_rows(5).await;
     // A row that is not DEAD is never listed.
     sqlx::query("INSERT INTO outbox (partition, job_type) VALUES (0, 'send')")
         .execute(&api.pool)

@@ -77,6 +77,19 @@ impl TestApi {
         self.get(path).send().await.unwrap().json().await.unwrap()
     }
 
+    /// `count` DEAD send rows without messages, spread over the partitions; their ids.
+    pub async fn dead_rows(&self, count: i32) -> Vec<i64> {
+        sqlx::query_scalar(
+            "INSERT INTO outbox (partition, job_type, status, last_error)
+             SELECT n % 8, 'send', 'DEAD', 'out of attempts' FROM generate_series(1, $1) n
+             RETURNING id",
+        )
+        .bind(count)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
     /// Rows in messages, outbox and message_events.
     pub async fn rows(&self) -> (i64, i64, i64) {
         sqlx::query_as(
