@@ -41,23 +41,36 @@ use std::time::{Duration, Instant};
 /// another test's server).
 const PORTS: std::ops::Range<u16> = 20_000..32_000;
 
-/// A port nobody listens on right now, and that no other caller in this process was given:
-/// tests run in parallel threads of one process, each starting servers on ports from here.
+/// A port nobody listens on right now, and that no other caller was given, in this process
+/// or another: tests run in parallel threads of one process, and `scripts/test` runs several
+/// test processes at once, each starting servers on ports from here. Across processes a port
+/// is held by an advisory lock on a file named after it (in the temporary directory), kept
+/// until the process ends; the kernel drops the lock of a process that died.
 pub fn free_port() -> anyhow::Result<u16> {
     use rand::Rng;
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    static GIVEN: std::sync::Mutex<std::collections::BTreeMap<u16, std::fs::File>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
     let mut given = GIVEN
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let locks = std::env::temp_dir().join("herald-test-ports");
+    std::fs::create_dir_all(&locks)?;
     let mut rng = rand::rng();
     for _ in 0..1_000 {
         let port = rng.random_range(PORTS);
-        if given.contains(&port) {
+        if given.contains_key(&port) {
             continue;
         }
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(locks.join(port.to_string()))?;
+        if lock.try_lock().is_err() {
+            continue; // another test process holds it
+        }
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            given.insert(port);
+            given.insert(port, lock);
             return Ok(port);
         }
     }
