@@ -440,6 +440,7 @@ mod tests {
         assert!(script.starts_with("BEGIN;\n") && script.ends_with("COMMIT;\n"));
         assert!(!script.contains('$'), "{script}");
         assert!(script.contains("generate_series(1, 10)"));
-        assert!(script.contains("INSERT INTO message_events"));
+        assert!(script.contains("INSERT INTO messages"));
+        assert!(script.contains("INSERT INTO outbox"));
     }
 }

@@ -1,5 +1,5 @@
 //! Herald's HTTP API. `POST /v1/messages` (and its batch form) validates the request and
-//! commits the message, its outbox row and its first event in one PostgreSQL transaction
+//! commits the message and its outbox row in one PostgreSQL transaction
 //! before answering 202; nothing else is on that path (rule R1). `GET /v1/messages/{id}`
 //! answers the derived state and the whole history. Every error is `application/problem+json`
 //! naming the offending field; nothing is half-written. Who may call which route is decided in

@@ -48,7 +48,7 @@ impl MessageState {
         MessageState::Expired,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             MessageState::Queued => "QUEUED",
             MessageState::Claimed => "CLAIMED",

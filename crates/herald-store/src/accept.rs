@@ -80,8 +80,9 @@ pub fn fingerprint(recipient: &str, partition_key: Option<&str>, body: &Value) -
     xxhash_rust::xxh3::xxh3_128(&bytes).to_be_bytes()
 }
 
-/// The accept statement: messages, their outbox rows and first events, from arrays (one
-/// element per message). Public so benchmarks run exactly this SQL.
+/// The accept statement: messages and their outbox rows, from arrays (one element per
+/// message). No event is written: a message is QUEUED from its `created_at` until its history
+/// says more (migration 0019). Public so benchmarks run exactly this SQL.
 pub const INSERT_MESSAGES: &str = r#"
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[],
@@ -97,9 +98,6 @@ WITH input AS (
 ), queued_outbox AS (
     INSERT INTO outbox (partition, job_type, message_id)
     SELECT partition, $7, id FROM inserted
-), first_events AS (
-    INSERT INTO message_events (message_id, state)
-    SELECT id, 'QUEUED' FROM inserted
 )
 SELECT id, partition FROM inserted
 "#;
@@ -166,13 +164,13 @@ pub async fn accept_each(
 
 /// Which step of [`write_messages`] failed.
 enum Step {
-    /// The insert of messages, outbox rows and first events.
+    /// The insert of messages and their outbox rows.
     Insert,
     /// Reading the stored messages of keys that existed, after the insert.
     Resolve,
 }
 
-/// Inserts the messages with their outbox rows and first events in one statement; a message
+/// Inserts the messages with their outbox rows in one statement; a message
 /// whose key exists is answered from the stored one (same content) or refused (other content).
 /// Two messages of one call with the same key behave as if sent one after the other.
 async fn write_messages(

@@ -1,6 +1,7 @@
 //! Reading a message and its history.
 
 use chrono::{DateTime, Utc};
+use herald_core::MessageState;
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::PgPool;
@@ -90,6 +91,21 @@ pub async fn message_with_history(
     .bind(id)
     .fetch_all(pool)
     .await?;
+    let mut events: Vec<Event> = events
+        .into_iter()
+        .map(|(seq, state, at, Json(detail))| Event {
+            seq,
+            state,
+            at,
+            detail,
+        })
+        .collect();
+    // The accept writes no QUEUED event (migration 0019): the message row is that fact, and
+    // its `created_at` is the time the event had (both were the accept transaction's now()).
+    // Histories written before 0019 carry the event itself.
+    if !events.iter().any(|e| e.state == QUEUED) {
+        events.insert(0, queued_at(created_at));
+    }
     Ok(Some(MessageView {
         id,
         partition: partition as u32,
@@ -99,14 +115,18 @@ pub async fn message_with_history(
         created_by,
         created_at,
         state,
-        events: events
-            .into_iter()
-            .map(|(seq, state, at, Json(detail))| Event {
-                seq,
-                state,
-                at,
-                detail,
-            })
-            .collect(),
+        events,
     }))
+}
+
+const QUEUED: &str = MessageState::Queued.as_str();
+
+/// The derived first event of every history: seq 0 sorts before every written event.
+fn queued_at(created_at: DateTime<Utc>) -> Event {
+    Event {
+        seq: 0,
+        state: QUEUED.to_owned(),
+        at: created_at,
+        detail: Value::Object(Default::default()),
+    }
 }

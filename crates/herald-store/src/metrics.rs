@@ -98,7 +98,7 @@ impl Operation {
 
     fn help(self) -> &'static str {
         match self {
-            Operation::Accept => "Accept transaction: message, outbox row and first event.",
+            Operation::Accept => "Accept transaction: message and outbox row.",
             Operation::Claim => "Claim of a batch of PENDING outbox rows (SKIP LOCKED).",
             Operation::Mark => "Marking a published batch PUBLISHED.",
             Operation::Release => "Returning an unpublished batch to PENDING.",

@@ -90,7 +90,8 @@ impl TestApi {
         .unwrap()
     }
 
-    /// Rows in messages, outbox and message_events.
+    /// Rows in messages, outbox and message_events (an accept writes no event: QUEUED is
+    /// derived from the message row, so the third is 0 until a worker claims).
     pub async fn rows(&self) -> (i64, i64, i64) {
         sqlx::query_as(
             "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM outbox),

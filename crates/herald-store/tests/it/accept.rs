@@ -8,7 +8,7 @@ use herald_store::StoreError;
 use crate::{count, message, migrated};
 
 #[tokio::test]
-async fn accept_writes_message_outbox_row_and_first_event_together() {
+async fn accept_writes_message_and_outbox_row_and_the_history_starts_queued() {
     let (_pg, pool) = migrated(8).await;
     let batch = vec![message(3, None, "a"), message(5, Some("k-1"), "b")];
     let accepted = accept_messages(&pool, &batch).await.unwrap();
@@ -36,7 +36,46 @@ async fn accept_writes_message_outbox_row_and_first_event_together() {
         .unwrap();
     assert_eq!(view.state, "QUEUED");
     assert_eq!(view.events.len(), 1);
+    assert_eq!(view.events[0].state, "QUEUED");
+    assert_eq!(view.events[0].at, view.created_at);
     assert_eq!(view.idempotency_key.as_deref(), Some("k-1"));
+    // QUEUED is derived from the message row (migration 0019): the accept appends no event.
+    assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 0);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM message_current_state WHERE state = 'QUEUED'"
+        )
+        .await,
+        2
+    );
+}
+
+/// A history written before migration 0019 holds its QUEUED event: it reads back once, with
+/// its own time, and the events after it keep their order.
+#[tokio::test]
+async fn a_history_with_a_written_queued_event_reads_it_once() {
+    let (_pg, pool) = migrated(8).await;
+    let sent = message(1, None, "old");
+    accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO message_events (message_id, state, at)
+         VALUES ($1, 'QUEUED', now() - interval '1 second'), ($1, 'CLAIMED', now())",
+    )
+    .bind(sent.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let view = message_with_history(&pool, sent.id).await.unwrap().unwrap();
+    let states: Vec<&str> = view.events.iter().map(|e| e.state.as_str()).collect();
+    assert_eq!(states, ["QUEUED", "CLAIMED"]);
+    assert_ne!(
+        view.events[0].seq, 0,
+        "the written event, not a derived one"
+    );
+    assert_eq!(view.state, "CLAIMED");
 }
 
 #[tokio::test]
@@ -66,7 +105,7 @@ async fn a_reused_key_replays_or_conflicts_and_a_conflict_writes_nothing() {
     );
     assert_eq!(count(&pool, "SELECT count(*) FROM messages").await, 1);
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 1);
-    assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 1);
+    assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 0);
 }
 
 /// Group commit: separate requests share a transaction but are answered one by one. A reused
@@ -121,7 +160,10 @@ async fn a_shared_transaction_answers_each_request_on_its_own() {
     // 1 before + plain + twice + clash + the one after the refused request.
     assert_eq!(count(&pool, "SELECT count(*) FROM messages").await, 5);
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 5);
-    assert_eq!(count(&pool, "SELECT count(*) FROM message_events").await, 5);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM message_current_state").await,
+        5
+    );
 }
 
 /// Receipts written together get their ids in input order and share status jobs.

@@ -296,7 +296,8 @@ async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
         pass.left_open, 3,
         "awaiting a receipt, UNKNOWN and DEAD stay open"
     );
-    assert_eq!(pass.folded, 5 + 2);
+    // QUEUED is derived, not written (migration 0019): 4 events and 1 are folded.
+    assert_eq!(pass.folded, 4 + 1);
 
     let events_of = |id: Uuid| {
         let pool = pool.clone();
@@ -310,7 +311,11 @@ async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
     };
     assert_eq!(events_of(delivered.id).await, 1);
     assert_eq!(events_of(failed.id).await, 1);
-    assert_eq!(events_of(awaiting.id).await, 3);
+    assert_eq!(
+        events_of(awaiting.id).await,
+        2,
+        "CLAIMED, ACCEPTED: left whole"
+    );
     for (id, was) in ids.iter().zip(&before) {
         let now = message_with_history(&pool, *id).await.unwrap().unwrap();
         assert_eq!(now.state, was.state, "{id}");
@@ -388,8 +393,8 @@ async fn a_deposed_maintenance_fence_removes_and_compacts_nothing() {
     assert!(has_send_row(&pool, old).await);
     assert_eq!(
         count(&pool, "SELECT count(*) FROM message_events").await,
-        4,
-        "QUEUED, CLAIMED, ACCEPTED, DELIVERED"
+        3,
+        "CLAIMED, ACCEPTED, DELIVERED (QUEUED is derived)"
     );
 
     assert_eq!(
@@ -478,8 +483,8 @@ async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
         .unwrap();
     assert_eq!(
         (waiting.examined, waiting.removed, waiting.rows),
-        (1, 1, 1 + 3),
-        "the FAILED message (and its QUEUED, CLAIMED, FAILED), up to the delivered one"
+        (1, 1, 1 + 2),
+        "the FAILED message (and its CLAIMED, FAILED), up to the delivered one"
     );
     sqlx::query("DELETE FROM held_receipts")
         .execute(&pool)
@@ -491,8 +496,8 @@ async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
     assert_eq!(pass.examined, 3);
     assert_eq!(pass.removed, 1, "the DELIVERED message");
     assert_eq!(pass.left_open, 2);
-    // The message, its events (QUEUED, CLAIMED, ACCEPTED, DELIVERED) and its ledger row.
-    assert_eq!(pass.rows, 1 + 4 + 1);
+    // The message, its events (CLAIMED, ACCEPTED, DELIVERED) and its ledger row.
+    assert_eq!(pass.rows, 1 + 3 + 1);
     for gone in [owed, delivered] {
         assert!(message_with_history(&pool, gone).await.unwrap().is_none());
     }

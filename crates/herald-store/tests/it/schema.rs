@@ -66,7 +66,13 @@ async fn state_rank_in_sql_matches_the_domain() {
 #[tokio::test]
 async fn history_is_append_only_and_messages_immutable() {
     let (_pg, pool) = migrated(4).await;
-    herald_store::accept::accept_messages(&pool, &[message(1, None, "x")])
+    let sent = message(1, None, "x");
+    herald_store::accept::accept_messages(&pool, std::slice::from_ref(&sent))
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO message_events (message_id, state) VALUES ($1, 'CLAIMED')")
+        .bind(sent.id)
+        .execute(&pool)
         .await
         .unwrap();
     for statement in [

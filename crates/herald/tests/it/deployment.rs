@@ -415,18 +415,20 @@ impl Deployment {
         herald_testkit::metric_value(&self.metrics(admin).await, name, "").unwrap_or(0.0)
     }
 
-    /// A message's history: (state, detail), oldest first.
+    /// A message's history as the API reads it (the derived QUEUED first): (state, detail),
+    /// oldest first.
     pub async fn history(&self, id: &str) -> Vec<(String, Value)> {
-        sqlx::query_as::<_, (String, sqlx::types::Json<Value>)>(
-            "SELECT state, detail FROM message_events WHERE message_id = $1::uuid ORDER BY seq",
-        )
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(state, detail)| (state, detail.0))
-        .collect()
+        let id: uuid::Uuid = id.parse().unwrap();
+        herald_store::messages::message_with_history(&self.pool, id)
+            .await
+            .unwrap()
+            .map(|view| {
+                view.events
+                    .into_iter()
+                    .map(|event| (event.state, event.detail))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// How often the provider saw each idempotency key.
