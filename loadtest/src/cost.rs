@@ -89,7 +89,9 @@ pub async fn tester_pool(database_url: &str, connections: u32) -> anyhow::Result
     use std::str::FromStr;
     let options = sqlx::postgres::PgConnectOptions::from_str(database_url)
         .map_err(|err| anyhow::anyhow!("bad database URL: {err}"))?
-        .application_name(TESTER_APPLICATION);
+        .application_name(TESTER_APPLICATION)
+        // Its queries are the proof's and the probes' key lookups (see PROOF_SESSION).
+        .options(herald_store::PROOF_SESSION);
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(connections)
         // Kept open: a closed session's CPU would be added to the postmaster's reaped
