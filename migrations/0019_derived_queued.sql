@@ -1,7 +1,8 @@
 -- A message's first state is derived, not written: an accepted message is QUEUED from its
 -- `created_at` until its history says more. The accept no longer appends a QUEUED event
 -- (one row write and its index entries less per message, in the statement every accept
--- runs); the messages row it writes in the same transaction is that fact already.
+-- runs); the messages row it writes in the same transaction is that fact already (its
+-- `created_at` is the transaction's start; the event took the clock a moment later).
 --
 -- Histories written before this migration keep their QUEUED events; readers take the event
 -- when there is one (crate herald-store, messages.rs) and derive it otherwise.

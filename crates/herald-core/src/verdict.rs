@@ -87,7 +87,7 @@ pub struct Evidence {
     pub in_database: bool,
     /// Idempotency keys of its ledger rows.
     pub ledger_keys: Vec<String>,
-    /// Its current state (the highest-ranked event).
+    /// Its current state (the highest-ranked event); `None` while it has no event: QUEUED.
     pub state: Option<MessageState>,
     /// Its send outbox row is DEAD.
     pub dead: bool,

@@ -1,5 +1,6 @@
-//! The accept path (rule R1): one transaction writes the message, its outbox row and its first
-//! event. Nothing else is on this path: no Redis, no network call.
+//! The accept path (rule R1): one transaction writes the message and its outbox row (QUEUED is
+//! derived from the message row, migration 0019). Nothing else is on this path: no Redis, no
+//! network call.
 
 use herald_core::{JobType, MessageState};
 use serde_json::Value;

@@ -101,8 +101,9 @@ pub async fn message_with_history(
         })
         .collect();
     // The accept writes no QUEUED event (migration 0019): the message row is that fact, and
-    // its `created_at` is the time the event had (both were the accept transaction's now()).
-    // Histories written before 0019 carry the event itself.
+    // its `created_at` (the accept transaction's start) is the event's time. A written QUEUED
+    // event took the clock a moment later in the same statement; histories written before
+    // 0019 carry theirs.
     if !events.iter().any(|e| e.state == QUEUED) {
         events.insert(0, queued_at(created_at));
     }

@@ -23,7 +23,7 @@ pub struct MessageFacts {
     pub created_at: Option<DateTime<Utc>>,
     /// Idempotency keys of its ledger rows (its effects).
     pub ledger_keys: Vec<String>,
-    /// Its current state: the highest-ranked event.
+    /// Its current state: the highest-ranked event; `None` while it has no event (QUEUED).
     pub state: Option<MessageState>,
     /// Its send outbox row is DEAD.
     pub dead: bool,

@@ -53,7 +53,9 @@ pub fn free_port() -> anyhow::Result<u16> {
     let mut given = GIVEN
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let locks = std::env::temp_dir().join("herald-test-ports");
+    // One folder per user: another user's lock files could not be opened for writing.
+    let user = std::env::var("USER").unwrap_or_else(|_| "anyone".to_owned());
+    let locks = std::env::temp_dir().join(format!("herald-test-ports-{user}"));
     std::fs::create_dir_all(&locks)?;
     let mut rng = rand::rng();
     for _ in 0..1_000 {
@@ -61,11 +63,14 @@ pub fn free_port() -> anyhow::Result<u16> {
         if given.contains_key(&port) {
             continue;
         }
-        let lock = std::fs::OpenOptions::new()
+        let Ok(lock) = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(locks.join(port.to_string()))?;
+            .open(locks.join(port.to_string()))
+        else {
+            continue;
+        };
         if lock.try_lock().is_err() {
             continue; // another test process holds it
         }

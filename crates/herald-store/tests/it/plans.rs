@@ -88,8 +88,9 @@ async fn batched_statements_read_only_their_batch(statistics: Statistics) {
     // 64 children of about 2,000 rows each: big enough that probing a child by key beats
     // reading it by the planner's own costs, so only a statement that can probe does so.
     let (_pg, pool) = migrated(64).await;
-    // 128,000 messages waiting in their streams (PUBLISHED) with their QUEUED events, and as
-    // many receipts' status jobs.
+    // 128,000 messages waiting in their streams (PUBLISHED) with QUEUED events, as histories
+    // written before migration 0019 hold them (they give the history the size a statement
+    // reading all of it would show), and as many receipts' status jobs.
     sqlx::query(
         "WITH m AS (
              INSERT INTO messages (id, partition, recipient, body, request_fingerprint)

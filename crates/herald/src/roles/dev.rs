@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use herald_client::wire::{BatchItem, SendRequest};
-use herald_core::MessageState;
 use herald_testkit::keys::{CLIENT, OPERATOR};
 use herald_testkit::{DeploymentOptions, LocalDeployment};
 
@@ -112,26 +111,7 @@ async fn demo(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let total_secs = started.elapsed().as_secs_f64();
-    // Receipts follow the sends: the proof waits for them too (it checks final states). A
-    // cheap count waits for them first: the proof reads every message, and run every 500 ms
-    // it would compete with the receipts it waits for.
-    let closed: Vec<&str> = MessageState::ALL
-        .into_iter()
-        .filter(|s| s.rank() == MessageState::Delivered.rank() || *s == MessageState::Failed)
-        .map(MessageState::as_str)
-        .collect();
-    loop {
-        let settled: i64 = sqlx::query_scalar(
-            "SELECT count(DISTINCT message_id) FROM message_events WHERE state = ANY($1)",
-        )
-        .bind(&closed)
-        .fetch_one(&pool)
-        .await?;
-        if settled as usize >= accepted || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Receipts follow the sends: the proof waits for them too (it checks final states).
     let verdict = loop {
         let verdict = super::verify::verify(&pool, sim, Default::default()).await?;
         if verdict.count(herald_core::verdict::Fate::Unsettled) == 0 || Instant::now() >= deadline {

@@ -499,14 +499,12 @@ async fn r3_the_proof_fails_when_an_outbox_row_is_gone() {
     herald.wait_delivered(5, MINUTE).await;
     verify_ok(&herald).await;
     // What a deleting code path would do: a message whose outbox row went before any worker
-    // took it (only QUEUED in its history). Retention removes DONE rows alone, whose history
-    // shows the worker that took them; the proof tells the two apart.
+    // took it (no event in its history: QUEUED). Retention removes DONE rows alone, whose
+    // history shows the worker that took them; the proof tells the two apart.
     let id = uuid::Uuid::now_v7();
     sqlx::query(
-        "WITH message AS (
-             INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
-             VALUES ($1, 0, '+15550100', '{}', '\\x00'))
-         INSERT INTO message_events (message_id, state) VALUES ($1, 'QUEUED')",
+        "INSERT INTO messages (id, partition, recipient, body, request_fingerprint)
+         VALUES ($1, 0, '+15550100', '{}', '\\x00')",
     )
     .bind(id)
     .execute(&herald.pool)
