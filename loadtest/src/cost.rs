@@ -2,7 +2,8 @@
 //! role, Redis, etcd, PostgreSQL with every backend), heap row writes per table (from
 //! `pg_stat_user_tables`, partitions summed into their parent) and WAL bytes (from
 //! `pg_current_wal_lsn`). A [`Probe`] takes a [`Sample`] before and after; [`Cost::between`]
-//! turns the two into figures per delivered message.
+//! turns the two into figures per delivered message, and [`Cost::read_wal_by_table`] splits
+//! the WAL by table ([`crate::wal`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -78,6 +79,9 @@ pub struct Cost {
     pub wal_bytes_per_message: f64,
     /// Row writes per message, per table (partitions summed into their parent).
     pub tables_per_message: BTreeMap<String, TableWrites>,
+    /// WAL per message by table, read back after the window ([`Cost::read_wal_by_table`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_by_table: Option<crate::wal::WalByTable>,
 }
 
 /// The `application_name` of the load tester's own sessions: their backends' CPU is the
@@ -222,7 +226,21 @@ impl Cost {
                 .into_iter()
                 .map(|(name, w)| (name, w.per(n)))
                 .collect(),
+            wal_by_table: None,
         }
+    }
+
+    /// Adds which tables the WAL between the two samples came from ([`crate::wal`]): read
+    /// back from the server's WAL after the window, so call it after the `after` sample.
+    pub async fn read_wal_by_table(
+        &mut self,
+        pool: &sqlx::PgPool,
+        before: &Sample,
+        after: &Sample,
+    ) {
+        self.wal_by_table = Some(
+            crate::wal::by_table(pool, before.wal_bytes, after.wal_bytes, self.messages).await,
+        );
     }
 
     /// CPU seconds per 1,000 messages, every process together.
@@ -262,6 +280,9 @@ impl Cost {
             ));
         }
         out.push('\n');
+        if let Some(wal) = &self.wal_by_table {
+            out.push_str(&wal.render());
+        }
         out
     }
 }

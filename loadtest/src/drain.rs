@@ -168,7 +168,8 @@ pub async fn main(mut args: DrainArgs) -> anyhow::Result<i32> {
     let after = target.probe(&pool).await.settled_sample().await?;
 
     let (proof, facts) = proof::prove(&pool, &ids, &target.sim_url, Default::default(), 0).await?;
-    let cost = Cost::between(&before, &after, proof.delivered);
+    let mut cost = Cost::between(&before, &after, proof.delivered);
+    cost.read_wal_by_table(&pool, &before, &after).await;
     let mut per_5s: BTreeMap<i64, u64> = BTreeMap::new();
     let mut last = drain_wall;
     for fact in facts.values() {

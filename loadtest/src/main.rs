@@ -24,6 +24,7 @@ mod proof;
 mod report;
 mod run;
 mod soak;
+mod wal;
 
 use std::path::PathBuf;
 

@@ -385,7 +385,9 @@ pub async fn run_on(
         serde_json::to_value(whole)?
     };
     let redriven = crate::report::Redriven::of(&pool, &ids).await?;
-    let cost = crate::cost::Cost::between(&cost.0, &cost.1, proof.delivered);
+    let (cost_from, cost_to) = cost;
+    let mut cost = crate::cost::Cost::between(&cost_from, &cost_to, proof.delivered);
+    cost.read_wal_by_table(&pool, &cost_from, &cost_to).await;
     let first_submits = match &target.sim_log {
         Some(log) => Some(proof::first_submits(log)?),
         None => None,
