@@ -73,11 +73,13 @@ pub async fn remove_done_jobs(
 pub struct Compacted {
     /// Messages looked at (the cursor passed them).
     pub examined: u64,
-    /// Closed messages whose history is now one event.
+    /// Closed messages whose history of two or more events is now one event (a closed
+    /// history of one event is left as it is: nothing to fold; migration 0020).
     pub compacted: u64,
     /// Events folded away (the new compact events not counted).
     pub folded: u64,
-    /// Messages looked at whose outcome was still open: their histories are kept whole.
+    /// Messages looked at whose outcome was still open (QUEUED ones, without events,
+    /// included): their histories are kept whole.
     pub left_open: u64,
 }
 

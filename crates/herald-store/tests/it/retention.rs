@@ -240,6 +240,8 @@ async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
     let unknown = message(3, None, "unknown");
     let dead = message(1, None, "dead");
     let failed = message(2, None, "failed");
+    let refused = message(3, None, "refused before any claim");
+    let queued = message(0, None, "queued");
     accept_messages(
         &pool,
         &[
@@ -248,6 +250,8 @@ async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
             unknown.clone(),
             dead.clone(),
             failed.clone(),
+            refused.clone(),
+            queued.clone(),
         ],
     )
     .await
@@ -276,11 +280,22 @@ async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
     append(
         &pool,
         failed.id,
-        "FAILED",
-        serde_json::json!({"reason": "400"}),
+        "CLAIMED",
+        serde_json::json!({"worker": "w"}),
     )
     .await;
-    let ids = [delivered.id, awaiting.id, unknown.id, dead.id, failed.id];
+    for id in [failed.id, refused.id] {
+        append(&pool, id, "FAILED", serde_json::json!({"reason": "400"})).await;
+    }
+    let ids = [
+        delivered.id,
+        awaiting.id,
+        unknown.id,
+        dead.id,
+        failed.id,
+        refused.id,
+        queued.id,
+    ];
     let mut before = Vec::new();
     for id in ids {
         before.push(message_with_history(&pool, id).await.unwrap().unwrap());
@@ -290,14 +305,18 @@ async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
     let pass = compact_histories(&pool, fence, Duration::ZERO, 100)
         .await
         .unwrap();
-    assert_eq!(pass.examined, 5);
-    assert_eq!(pass.compacted, 2, "DELIVERED and FAILED are closed");
+    assert_eq!(pass.examined, 7);
     assert_eq!(
-        pass.left_open, 3,
-        "awaiting a receipt, UNKNOWN and DEAD stay open"
+        pass.compacted, 2,
+        "DELIVERED and FAILED are closed; a FAILED alone is one event already (0020)"
     );
-    // QUEUED is derived, not written (migration 0019): 4 events and 1 are folded.
-    assert_eq!(pass.folded, 4 + 1);
+    assert_eq!(
+        pass.left_open, 4,
+        "awaiting a receipt, UNKNOWN, DEAD and QUEUED (no event, 0019) stay open"
+    );
+    // QUEUED is derived, not written (0019): CLAIMED, ACCEPTED, ENROUTE, DELIVERED and
+    // CLAIMED, FAILED are folded.
+    assert_eq!(pass.folded, 4 + 2);
 
     let events_of = |id: Uuid| {
         let pool = pool.clone();
@@ -311,6 +330,18 @@ async fn a_compacted_message_reads_back_with_the_same_states_and_times() {
     };
     assert_eq!(events_of(delivered.id).await, 1);
     assert_eq!(events_of(failed.id).await, 1);
+    let untouched: serde_json::Value =
+        sqlx::query_scalar("SELECT detail FROM message_events WHERE message_id = $1")
+            .bind(refused.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        untouched,
+        serde_json::json!({"reason": "400"}),
+        "not rewritten"
+    );
+    assert_eq!(events_of(queued.id).await, 0);
     assert_eq!(
         events_of(awaiting.id).await,
         2,
