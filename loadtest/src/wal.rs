@@ -5,8 +5,9 @@
 //! WAL, and how much of it was pages written whole after a checkpoint.
 //!
 //! It reads WAL back from disk after the measured window, so it never slows the window. The
-//! server keeps only the last `max_wal_size` or so: what it already recycled is left out, and
-//! the answer says which share of the window it covers. Against a server where the extension
+//! server keeps only the last `max_wal_size` or so: what it already recycled is left out, the
+//! answer says which share of the window it read, and the tables' shares of that part are
+//! applied to the window's whole WAL (so the figures add up to the measured WAL per message). Against a server where the extension
 //! cannot be created (no superuser), the answer is a note instead of figures.
 
 use std::collections::BTreeMap;
@@ -26,7 +27,9 @@ pub struct TableWal {
 pub struct WalByTable {
     /// Share of the window's WAL still on disk and read (1.0: all of it).
     pub covered: f64,
-    /// Per message of the window, by table, from the part read.
+    /// Per message of the window, by table: each table's share of the part read, times the
+    /// window's whole WAL (from its positions), divided by the messages. With `covered` below
+    /// 1, that assumes the part read is like the rest.
     pub per_message: BTreeMap<String, TableWal>,
     /// Why there are no figures, when there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -100,12 +103,15 @@ async fn read(
         .bind(to)
         .fetch_all(pool)
         .await?;
-    Ok(per_message(rows, messages))
+    Ok(per_message(rows, (to - from) as f64, messages))
 }
 
-fn per_message(rows: Vec<(String, i64, i64, f64)>, messages: u64) -> WalByTable {
+/// `rows` as the statement answers them; `window` is the window's WAL in bytes.
+fn per_message(rows: Vec<(String, i64, i64, f64)>, window: f64, messages: u64) -> WalByTable {
     let n = (messages as f64).max(1.0);
     let covered = rows.first().map(|r| r.3).unwrap_or(0.0);
+    let read: f64 = rows.iter().map(|r| r.1 as f64).sum();
+    let scale = if read > 0.0 { window / read } else { 0.0 };
     WalByTable {
         covered,
         per_message: rows
@@ -114,8 +120,8 @@ fn per_message(rows: Vec<(String, i64, i64, f64)>, messages: u64) -> WalByTable 
                 (
                     name,
                     TableWal {
-                        bytes: bytes as f64 / n,
-                        full_page_bytes: fpi as f64 / n,
+                        bytes: bytes as f64 * scale / n,
+                        full_page_bytes: fpi as f64 * scale / n,
                     },
                 )
             })
@@ -134,8 +140,15 @@ impl WalByTable {
         tables.sort_by(|a, b| b.1.bytes.total_cmp(&a.1.bytes));
         let total: f64 = tables.iter().map(|(_, w)| w.bytes).sum();
         let mut out = format!(
-            "  WAL per message by table, kB (of it full-page images), from {:.0} % of the window's WAL:",
-            self.covered * 100.0
+            "  WAL per message by table, kB (of it full-page images), {}:",
+            if self.covered >= 0.995 {
+                "the whole window read back".to_owned()
+            } else {
+                format!(
+                    "shares of the {:.0} % of the window still on disk",
+                    self.covered * 100.0
+                )
+            }
         );
         for (name, wal) in tables {
             if wal.bytes < total * 0.005 {
@@ -158,26 +171,30 @@ mod tests {
 
     #[test]
     fn figures_are_per_message_and_small_tables_are_not_printed() {
+        // Half the window still on disk: each table's share of the half read, applied to the
+        // whole window's 6,000,000 bytes.
         let wal = per_message(
             vec![
                 ("outbox".to_owned(), 2_000_000, 1_000_000, 0.5),
-                ("messages".to_owned(), 1_000_000, 0, 0.5),
+                ("messages".to_owned(), 999_900, 0, 0.5),
                 ("(catalogs)".to_owned(), 100, 0, 0.5),
             ],
+            6_000_000.0,
             1_000,
         );
         assert_eq!(wal.covered, 0.5);
         assert_eq!(
             wal.per_message["outbox"],
             TableWal {
-                bytes: 2_000.0,
-                full_page_bytes: 1_000.0
+                bytes: 4_000.0,
+                full_page_bytes: 2_000.0
             }
         );
+        let total: f64 = wal.per_message.values().map(|t| t.bytes).sum();
+        assert!((total - 6_000.0).abs() < 1e-6, "{total}");
         let text = wal.render();
-        assert!(text.contains("from 50 %"), "{text}");
-        assert!(text.contains("outbox"), "{text}");
-        assert!(text.contains("2.000  (1.000)"), "{text}");
+        assert!(text.contains("of the 50 % of the window"), "{text}");
+        assert!(text.contains("4.000  (2.000)"), "{text}");
         assert!(!text.contains("catalogs"), "{text}");
         assert!(text.find("outbox") < text.find("messages"), "{text}");
     }
