@@ -301,6 +301,30 @@ fn capacity_drain_and_idle_report_what_they_measured() {
         .map(|n| n.as_u64().unwrap())
         .sum();
     assert_eq!(per_5s, 400, "{drain}");
+    // The WAL of the window by table: all of it still on disk, partitions and indexes folded
+    // into their tables, and the tables' figures adding up to the WAL per message.
+    let cost = &drain["cost"];
+    let wal = &cost["wal_by_table"];
+    assert!(wal["covered"].as_f64().unwrap() > 0.99, "{wal}");
+    let tables = wal["per_message"].as_object().unwrap();
+    for table in ["outbox", "message_events", "ledger", "in_flight_sends"] {
+        assert!(
+            tables[table]["bytes"].as_f64().unwrap() > 0.0,
+            "{table}: {wal}"
+        );
+    }
+    assert!(
+        !tables
+            .keys()
+            .any(|name| name.starts_with("outbox_p") || name.ends_with("_pkey")),
+        "{wal}"
+    );
+    let sum: f64 = tables.values().map(|t| t["bytes"].as_f64().unwrap()).sum();
+    let measured = cost["wal_bytes_per_message"].as_f64().unwrap();
+    assert!(
+        (sum - measured).abs() < measured * 0.01,
+        "{sum} against {measured}"
+    );
 
     let code = run(&["idle", "--duration", "3s", "--warmup", "1s"]);
     assert_eq!(code, Some(0), "idle failed");
