@@ -90,12 +90,10 @@ pub const TESTER_APPLICATION: &str = "herald-loadtest";
 
 /// A pool for the load tester's own queries, named so [`Probe`] can leave its backends out.
 pub async fn tester_pool(database_url: &str, connections: u32) -> anyhow::Result<sqlx::PgPool> {
-    use std::str::FromStr;
-    let options = sqlx::postgres::PgConnectOptions::from_str(database_url)
+    // Its queries are the proof's and the probes' key lookups (see PROOF_SESSION).
+    let options = herald_store::proof_options(database_url)
         .map_err(|err| anyhow::anyhow!("bad database URL: {err}"))?
-        .application_name(TESTER_APPLICATION)
-        // Its queries are the proof's and the probes' key lookups (see PROOF_SESSION).
-        .options(herald_store::PROOF_SESSION);
+        .application_name(TESTER_APPLICATION);
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(connections)
         // Kept open: a closed session's CPU would be added to the postmaster's reaped
@@ -232,15 +230,18 @@ impl Cost {
 
     /// Adds which tables the WAL between the two samples came from ([`crate::wal`]): read
     /// back from the server's WAL after the window, so call it after the `after` sample.
+    /// `own_server`: the tester started this PostgreSQL and may create the extension in it;
+    /// in anyone else's database it is used only if already installed.
     pub async fn read_wal_by_table(
         &mut self,
         pool: &sqlx::PgPool,
         before: &Sample,
         after: &Sample,
+        own_server: bool,
     ) {
-        self.wal_by_table = Some(
-            crate::wal::by_table(pool, before.wal_bytes, after.wal_bytes, self.messages).await,
-        );
+        let (from, to) = (before.wal_bytes, after.wal_bytes);
+        self.wal_by_table =
+            Some(crate::wal::by_table(pool, from, to, self.messages, own_server).await);
     }
 
     /// CPU seconds per 1,000 messages, every process together.

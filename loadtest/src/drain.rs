@@ -169,7 +169,8 @@ pub async fn main(mut args: DrainArgs) -> anyhow::Result<i32> {
 
     let (proof, facts) = proof::prove(&pool, &ids, &target.sim_url, Default::default(), 0).await?;
     let mut cost = Cost::between(&before, &after, proof.delivered);
-    cost.read_wal_by_table(&pool, &before, &after).await;
+    cost.read_wal_by_table(&pool, &before, &after, target.deployment.is_some())
+        .await;
     let mut per_5s: BTreeMap<i64, u64> = BTreeMap::new();
     let mut last = drain_wall;
     for fact in facts.values() {

@@ -387,7 +387,8 @@ pub async fn run_on(
     let redriven = crate::report::Redriven::of(&pool, &ids).await?;
     let (cost_from, cost_to) = cost;
     let mut cost = crate::cost::Cost::between(&cost_from, &cost_to, proof.delivered);
-    cost.read_wal_by_table(&pool, &cost_from, &cost_to).await;
+    cost.read_wal_by_table(&pool, &cost_from, &cost_to, target.deployment.is_some())
+        .await;
     let first_submits = match &target.sim_log {
         Some(log) => Some(proof::first_submits(log)?),
         None => None,

@@ -116,6 +116,12 @@ pub const GENERIC_PLANS: [(&str, &str); 4] = [
 /// 1.4 s statement that runs in 76 ms without (5,000 ids, `herald dev`).
 pub const PROOF_SESSION: [(&str, &str); 1] = [("jit", "off")];
 
+/// The connect options of a proof reader ([`PROOF_SESSION`]) for `url`.
+pub fn proof_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    let options: PgConnectOptions = url.parse()?;
+    Ok(options.options(PROOF_SESSION))
+}
+
 /// Opens a pool; fails fast when the database cannot be reached.
 pub async fn connect(settings: &PoolSettings) -> Result<PgPool, StoreError> {
     let mut options: PgConnectOptions = settings.url.parse()?;

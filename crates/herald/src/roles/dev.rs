@@ -95,10 +95,9 @@ async fn demo(
     }
     let accept_secs = started.elapsed().as_secs_f64();
 
-    let options: sqlx::postgres::PgConnectOptions = database_url.parse()?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
-        .connect_with(options.options(herald_store::PROOF_SESSION))
+        .connect_with(herald_store::proof_options(database_url)?)
         .await?;
     let deadline = Instant::now() + args.drain_timeout;
     let delivered = loop {

@@ -13,23 +13,18 @@ use crate::telemetry;
 
 pub async fn main(args: VerifyArgs) -> anyhow::Result<i32> {
     telemetry::init_logs(crate::cli::LogFormat::Pretty);
-    let options = args
-        .database_url
-        .parse::<sqlx::postgres::PgConnectOptions>()
-        .map(|o| o.options(herald_store::PROOF_SESSION));
-    let pool = async {
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .connect_with(options?)
-            .await
-    }
-    .await
-    .map_err(|err| {
+    let cannot = |err: &dyn std::fmt::Display| {
         anyhow::anyhow!(
             "cannot connect to {}: {err}",
             crate::cli::masked_url(&args.database_url)
         )
-    })?;
+    };
+    let options = herald_store::proof_options(&args.database_url).map_err(|e| cannot(&e))?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .map_err(|e| cannot(&e))?;
     let verdict = verify(&pool, &args.provider_sim, args.expect.clone()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&verdict)?);
