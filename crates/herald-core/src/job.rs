@@ -24,6 +24,23 @@ impl JobType {
     }
 }
 
+/// What the queue and the worker runtime need of a job type: its name, used on the wire (the
+/// job's `job_type`), in stream and consumer-group names and as the `job_type` label. Herald's
+/// job types are the variants of [`JobType`]; the trait lets the queue and the runtime be
+/// written once for any of them, and lets the worker's tests run a job type of their own.
+pub trait JobKind:
+    Copy + Eq + fmt::Debug + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static
+{
+    /// The job type's name.
+    fn name(self) -> &'static str;
+}
+
+impl JobKind for JobType {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
 impl fmt::Display for JobType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -61,11 +78,14 @@ mod tests {
 
 /// One unit of work as it travels from the outbox through a queue store to a worker. The
 /// outbox row `(partition, outbox_id)` is the proof the work is owed; the job is a copy.
+/// `K` is the kind of job type: Herald's own [`JobType`] everywhere but in tests of the
+/// runtime ([`JobKind`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Job {
+#[serde(bound = "K: JobKind")]
+pub struct Job<K = JobType> {
     pub outbox_id: i64,
     pub partition: u32,
-    pub job_type: JobType,
+    pub job_type: K,
     pub message_id: Option<uuid::Uuid>,
     /// Provider attempts the outbox row had used when this copy was published (0 for a
     /// fresh send). The worker's confirm charges the next one and answers its number.

@@ -19,7 +19,7 @@ pub mod verdict;
 pub use config::ConfigError;
 pub use fence::Fence;
 pub use idempotency::send_effect_key;
-pub use job::JobType;
+pub use job::{JobKind, JobType};
 pub use partition::{partition_of, PartitionCount};
 pub use state::{MessageState, OutboxStatus};
 pub use tls::{ClientIdentity, ClientTls};

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::{Manager, Pool, Runtime};
 use herald_core::job::Job;
-use herald_core::JobType;
+use herald_core::{JobKind, JobType};
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::AsyncConnectionConfig;
 
@@ -49,11 +49,12 @@ fn is_oom(err: &redis::RedisError) -> bool {
             .is_some_and(|refused| refused.iter().any(|(_, refusal)| refusal.code() == "OOM"))
 }
 
-/// Where one job type's store lives and how many connections a role may hold to it.
+/// Where one job type's store lives and how many connections a role may hold to it. `K` is
+/// Herald's [`JobType`] but in tests of the worker runtime with a job type of their own.
 #[derive(Debug, Clone)]
-pub struct StoreSettings {
+pub struct StoreSettings<K = JobType> {
     pub url: String,
-    pub job_type: JobType,
+    pub job_type: K,
     /// Which of the job type's shards this store is (partition p publishes to shard
     /// `p mod shards`).
     pub shard: u32,
@@ -62,9 +63,9 @@ pub struct StoreSettings {
 
 /// A delivered stream entry: the entry id to acknowledge, and the job if it could be decoded.
 #[derive(Debug)]
-pub struct Delivery {
+pub struct Delivery<K = JobType> {
     pub entry_id: String,
-    pub job: Result<Job, String>,
+    pub job: Result<Job<K>, String>,
 }
 
 /// A Redis connection pool's state at one moment.
@@ -81,9 +82,9 @@ pub struct PoolStatus {
 
 /// One shard of a job type's queue store: its stream and consumer group.
 #[derive(Clone)]
-pub struct QueueStore {
+pub struct QueueStore<K = JobType> {
     pool: Pool,
-    job_type: JobType,
+    job_type: K,
     shard: u32,
     stream: String,
     group: String,
@@ -92,9 +93,9 @@ pub struct QueueStore {
 /// Longest a blocking read waits; the connection's response timeout is well above it.
 pub const MAX_BLOCK: Duration = Duration::from_secs(2);
 
-impl QueueStore {
+impl<K: JobKind> QueueStore<K> {
     /// Builds the pool. Connections are opened lazily, so Redis may be down at start.
-    pub fn new(settings: &StoreSettings) -> Result<Self, QueueError> {
+    pub fn new(settings: &StoreSettings<K>) -> Result<Self, QueueError> {
         Self::with_tls(settings, &herald_core::ClientTls::default())
     }
 
@@ -102,7 +103,7 @@ impl QueueStore {
     /// system's roots) and presenting `tls.identity` when given. A `redis://` URL ignores
     /// `tls` (one job type's store may be TLS, the other's not).
     pub fn with_tls(
-        settings: &StoreSettings,
+        settings: &StoreSettings<K>,
         tls: &herald_core::ClientTls,
     ) -> Result<Self, QueueError> {
         let config = AsyncConnectionConfig::new()
@@ -129,16 +130,17 @@ impl QueueStore {
             .build()
             .map_err(|err| QueueError::Build(err.to_string()))?;
         let job_type = settings.job_type;
+        let name = job_type.name();
         Ok(Self {
             pool,
             job_type,
             shard: settings.shard,
-            stream: format!("herald:{job_type}:{}", settings.shard),
-            group: format!("herald-{job_type}-workers"),
+            stream: format!("herald:{name}:{}", settings.shard),
+            group: format!("herald-{name}-workers"),
         })
     }
 
-    pub fn job_type(&self) -> JobType {
+    pub fn job_type(&self) -> K {
         self.job_type
     }
 
@@ -176,7 +178,7 @@ impl QueueStore {
     /// Appends every job to the stream in one pipelined round trip and returns the entry ids.
     /// On error some entries may have been written: the caller must treat the batch as not
     /// published (a duplicate copy is harmless, a missing one is not).
-    pub async fn publish(&self, jobs: &[Job]) -> Result<Vec<String>, QueueError> {
+    pub async fn publish(&self, jobs: &[Job<K>]) -> Result<Vec<String>, QueueError> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
@@ -195,7 +197,7 @@ impl QueueStore {
             Ok::<_, QueueError>(ids)
         })
         .await;
-        ::metrics::histogram!(metrics::PUBLISH_DURATION, "job_type" => self.job_type.as_str())
+        ::metrics::histogram!(metrics::PUBLISH_DURATION, "job_type" => self.job_type.name())
             .record(started.elapsed().as_secs_f64());
         result
     }
@@ -239,7 +241,7 @@ impl QueueStore {
         consumer: &str,
         count: usize,
         block: Duration,
-    ) -> Result<Vec<Delivery>, QueueError> {
+    ) -> Result<Vec<Delivery<K>>, QueueError> {
         let block = block.min(MAX_BLOCK);
         match self.read_once(consumer, count, block).await {
             Err(QueueError::Redis(err)) if err.code() == Some("NOGROUP") => {
@@ -256,7 +258,7 @@ impl QueueStore {
         consumer: &str,
         count: usize,
         block: Duration,
-    ) -> Result<Vec<Delivery>, QueueError> {
+    ) -> Result<Vec<Delivery<K>>, QueueError> {
         let mut conn = self.pool.get().await?;
         let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
             .arg("GROUP")
@@ -290,7 +292,7 @@ impl QueueStore {
         consumer: &str,
         min_idle: Duration,
         count: usize,
-    ) -> Result<Vec<Delivery>, QueueError> {
+    ) -> Result<Vec<Delivery<K>>, QueueError> {
         let mut conn = self.pool.get().await?;
         let reply: Result<StreamAutoClaimReply, redis::RedisError> = redis::cmd("XAUTOCLAIM")
             .arg(&self.stream)
@@ -362,9 +364,9 @@ impl QueueStore {
     }
 }
 
-fn decode(entry: StreamId) -> Delivery {
+fn decode<K: JobKind>(entry: StreamId) -> Delivery<K> {
     let job = match entry.get::<String>("job") {
-        Some(raw) => serde_json::from_str::<Job>(&raw).map_err(|err| format!("{err}: {raw}")),
+        Some(raw) => serde_json::from_str::<Job<K>>(&raw).map_err(|err| format!("{err}: {raw}")),
         None => Err(format!("entry has no job field: {:?}", entry.map)),
     };
     Delivery {

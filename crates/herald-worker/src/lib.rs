@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald_core::job::Job;
-use herald_core::JobType;
+use herald_core::{JobKind, JobType};
 use herald_queue::{Delivery, QueueStore};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -73,30 +73,38 @@ pub enum Handled {
 /// are not jobs or are another type's, the concurrency limit, the in-flight gauge, a panic
 /// caught and counted (the batch's entries stay pending and are reclaimed), and acknowledging
 /// exactly the entries whose outcome the handler recorded. Adding a job type is a variant of
-/// `herald_core::JobType` and a handler (`docs/DESIGN.md`, "The worker server").
+/// `herald_core::JobType` and a handler (`docs/DESIGN.md`, "The worker server"); the worker's
+/// tests run a job type of their own (`tests/runtime.rs`).
 pub trait Handler: Send + Sync + 'static {
+    /// The enum the job type is a variant of: [`JobType`] for Herald's own handlers.
+    type Kind: JobKind;
+
     /// The job type this handler does.
-    const JOB_TYPE: JobType;
+    const JOB_TYPE: Self::Kind;
 
     /// Handles jobs read together, each with the entry id it came in, answering each entry id
     /// with its outcome. A handler that can share statements between jobs (the send handler
     /// confirms a whole batch in one) does; any handler may handle them one by one.
     fn handle(
         &self,
-        jobs: BatchJobs,
+        jobs: BatchJobs<Self::Kind>,
         cancel: CancellationToken,
     ) -> impl std::future::Future<Output = BatchAnswers> + Send;
 }
 
 /// Jobs of a batch, each with the entry id it came in.
-pub type BatchJobs = Vec<(String, Job)>;
+pub type BatchJobs<K = JobType> = Vec<(String, Job<K>)>;
 /// Entry ids with what their handler decided.
 pub type BatchAnswers = Vec<(String, Handled)>;
 
 /// Splits entries read together into the jobs of `job_type` and the answers (Done) for the
 /// entries dropped: another type's job, or not a job at all. Each dropped copy is counted and
 /// logged; its outbox row stays the proof that the work is owed, and re-drives it.
-fn decode_batch(job_type: JobType, deliveries: Vec<Delivery>) -> (BatchJobs, BatchAnswers) {
+fn decode_batch<K: JobKind>(
+    job_type: K,
+    deliveries: Vec<Delivery<K>>,
+) -> (BatchJobs<K>, BatchAnswers) {
+    let name = job_type.name();
     let mut jobs = Vec::with_capacity(deliveries.len());
     let mut dropped = Vec::new();
     for delivery in deliveries {
@@ -104,15 +112,15 @@ fn decode_batch(job_type: JobType, deliveries: Vec<Delivery>) -> (BatchJobs, Bat
         match delivery.job {
             Ok(job) if job.job_type == job_type => jobs.push((entry_id, job)),
             Ok(job) => {
-                ::metrics::counter!(m::JOBS, "job_type" => job_type.as_str(), "outcome" => "wrong_job_type")
+                ::metrics::counter!(m::JOBS, "job_type" => name, "outcome" => "wrong_job_type")
                     .increment(1);
-                tracing::error!(entry = %entry_id, stream = %job_type, job_type = %job.job_type,
+                tracing::error!(entry = %entry_id, stream = name, job_type = job.job_type.name(),
                     outbox_id = job.outbox_id, "another job type's job is on this stream; dropping this copy (its outbox row stays the proof)");
                 dropped.push((entry_id, Handled::Done));
             }
             Err(raw) => {
-                ::metrics::counter!(m::MALFORMED, "job_type" => job_type.as_str()).increment(1);
-                tracing::error!(entry = %entry_id, stream = %job_type, raw = %raw,
+                ::metrics::counter!(m::MALFORMED, "job_type" => name).increment(1);
+                tracing::error!(entry = %entry_id, stream = name, raw = %raw,
                     "stream entry is not a valid job; dropping this copy (its outbox row stays the proof)");
                 dropped.push((entry_id, Handled::Done));
             }
@@ -124,7 +132,7 @@ fn decode_batch(job_type: JobType, deliveries: Vec<Delivery>) -> (BatchJobs, Bat
 /// Runs the server over every shard of its job type until `cancel`; in-flight jobs finish
 /// before it returns. One reader per shard; all share the server's one semaphore.
 pub async fn run<H: Handler>(
-    stores: Vec<QueueStore>,
+    stores: Vec<QueueStore<H::Kind>>,
     handler: Arc<H>,
     settings: WorkerSettings,
     cancel: CancellationToken,
@@ -137,14 +145,14 @@ pub async fn run<H: Handler>(
 /// shared worker server whose outage motivated one server per job type: the load tester uses
 /// it to show the starvation side by side with the bulkheads.
 pub async fn run_with_semaphore<H: Handler>(
-    stores: Vec<QueueStore>,
+    stores: Vec<QueueStore<H::Kind>>,
     handler: Arc<H>,
     settings: WorkerSettings,
     semaphore: Arc<Semaphore>,
     cancel: CancellationToken,
 ) {
     if let Some(store) = stores.first() {
-        ::metrics::gauge!(m::CONCURRENCY_LIMIT, "job_type" => store.job_type().as_str())
+        ::metrics::gauge!(m::CONCURRENCY_LIMIT, "job_type" => store.job_type().name())
             .set(settings.concurrency as f64);
     }
     let readers = stores.into_iter().map(|store| {
@@ -160,13 +168,13 @@ pub async fn run_with_semaphore<H: Handler>(
 }
 
 async fn read_shard<H: Handler>(
-    store: QueueStore,
+    store: QueueStore<H::Kind>,
     handler: Arc<H>,
     semaphore: Arc<Semaphore>,
     settings: WorkerSettings,
     cancel: CancellationToken,
 ) {
-    let job_type = store.job_type().as_str();
+    let job_type = store.job_type().name();
     let mut tasks = tokio::task::JoinSet::new();
     while let Err(err) = store.ensure_group().await {
         tracing::warn!(error = %err, "cannot create the consumer group yet; retrying");
@@ -248,9 +256,17 @@ async fn read_shard<H: Handler>(
         let cancel = cancel.clone();
         tasks.spawn(async move {
             // Counted out on drop, so a panicking handler does not stay counted.
-            let _in_flight = InFlight::new(store.job_type().as_str(), deliveries.len());
+            let _in_flight = InFlight::new(store.job_type().name(), deliveries.len());
             let (jobs, mut handled) = decode_batch(H::JOB_TYPE, deliveries);
             if !jobs.is_empty() {
+                if !handled.is_empty() {
+                    // The dropped copies first, so a handler that panics does not send them
+                    // round again (logged and counted once more at each reclaim).
+                    let dropped: Vec<String> = handled.drain(..).map(|(id, _)| id).collect();
+                    if let Err(err) = store.ack_and_delete(&dropped).await {
+                        tracing::warn!(error = %err, entries = dropped.len(), "acknowledging dropped entries failed");
+                    }
+                }
                 handled.extend(handler.handle(jobs, cancel).await);
             }
             let done: Vec<String> = handled

@@ -235,6 +235,7 @@ fn handled(job: &Job, result: Result<(), StoreError>) -> Handled {
 }
 
 impl Handler for SendHandler {
+    type Kind = JobType;
     const JOB_TYPE: JobType = JobType::Send;
 
     /// The batched path: internal checks for the whole batch, ownership of the whole batch

@@ -94,6 +94,7 @@ fn counted(job: &Job, applied: Applied) {
 }
 
 impl Handler for StatusHandler {
+    type Kind = JobType;
     const JOB_TYPE: JobType = JobType::Status;
 
     /// A batch of receipts: loaded in one query, decoded and mapped, their messages found in

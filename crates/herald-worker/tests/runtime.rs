@@ -20,6 +20,7 @@ struct PanicsOnce {
 }
 
 impl Handler for PanicsOnce {
+    type Kind = JobType;
     const JOB_TYPE: JobType = JobType::Send;
 
     async fn handle(&self, jobs: BatchJobs, _cancel: CancellationToken) -> BatchAnswers {
@@ -43,6 +44,7 @@ struct Records {
 }
 
 impl Handler for Records {
+    type Kind = JobType;
     const JOB_TYPE: JobType = JobType::Status;
 
     async fn handle(&self, jobs: BatchJobs, _cancel: CancellationToken) -> BatchAnswers {
