@@ -524,7 +524,7 @@ pub async fn target(
         send_worker_flags: local.send_worker_flags.clone(),
         status_worker_flags: local.status_worker_flags.clone(),
         sim_flags: local.sim_flags.clone(),
-        api_port: None,
+        ..DeploymentOptions::new(herald_bin.clone())
     };
     println!(
         "starting a local deployment ({} poller(s), {} partitions) from {}",

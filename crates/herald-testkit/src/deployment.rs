@@ -1,10 +1,13 @@
 //! A whole local deployment: PostgreSQL, one Redis per job type, etcd, and every role as its
 //! own process of the built `herald` binary, with known addresses and pids. `herald dev`, the
-//! load tester and its chaos steps run this one. Any role can be
+//! load tester, its chaos steps and herald's end-to-end tests run this one. Any role can be
 //! killed, terminated, paused and started again; Redis restarted; etcd stopped and started.
 //! The load tester's chaos steps and tests drive it; dropping it kills everything. It runs as
 //! production does: the roles connect as the runtime database role, the API holds a client
 //! and an operator key, and the simulator signs its receipts with the API's secrets.
+//!
+//! Longer than 400 lines: the one deployment builder, with the shapes its three users need
+//! (TLS, send shards, a fleet or a lone poller, roles started from flags) and its chaos controls.
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +23,7 @@ use herald_worker::config::WorkerConfig;
 use crate::config::write_role_config;
 use crate::{
     free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
-    RoleProcess,
+    RoleProcess, TestCerts,
 };
 
 /// The shape of a local deployment. Each role runs with its typed configuration (written as
@@ -33,13 +36,26 @@ pub struct DeploymentOptions {
     /// Where servers keep their data and roles their logs (a temporary folder when None).
     pub dir: Option<PathBuf>,
     pub partitions: u32,
-    /// Pollers, sharing the partitions through etcd (so etcd matters even with one).
+    /// Pollers, sharing the partitions through etcd (so etcd matters even with one); 0 starts
+    /// none (a test then claims by hand or starts its own).
     pub pollers: usize,
     /// PostgreSQL with fsync and synchronous commit (as `herald dev` runs it).
     pub durable: bool,
     /// Shorter recovery timers ([`quick_recovery_poller`], [`quick_recovery_worker`]) so chaos
     /// is recovered within a short run; off, every role runs with Herald's defaults.
     pub quick_recovery: bool,
+    /// Pollers share the partitions through etcd, as deployed. Off, pollers run without etcd
+    /// and each owns every partition (for a deployment of one poller).
+    pub fleet: bool,
+    /// Redis instances of the send job type (its shards), at least 1.
+    pub send_shards: usize,
+    /// `maxmemory` of the send job type's first shard (256 MiB when None).
+    pub send_max_memory: Option<u64>,
+    /// PostgreSQL, Redis and etcd speak TLS (PostgreSQL plaintext too, for the owner's
+    /// queries): every role connects with `verify-full`, `rediss://` and `https://`, trusting
+    /// the deployment's CA ([`LocalDeployment::certs`]) and presenting a client certificate
+    /// to Redis and etcd.
+    pub tls: bool,
     pub api_flags: Vec<String>,
     pub poller_flags: Vec<String>,
     pub send_worker_flags: Vec<String>,
@@ -58,6 +74,10 @@ impl DeploymentOptions {
             pollers: 1,
             durable: false,
             quick_recovery: false,
+            fleet: true,
+            send_shards: 1,
+            send_max_memory: None,
+            tls: false,
             api_flags: Vec::new(),
             poller_flags: Vec::new(),
             send_worker_flags: Vec::new(),
@@ -94,7 +114,10 @@ pub struct DeployedRole {
 
 pub struct LocalDeployment {
     pub pg: LocalPostgres,
+    /// The send job type's first shard.
     pub send_redis: LocalRedis,
+    /// The send job type's other shards.
+    pub more_send_redis: Vec<LocalRedis>,
     pub status_redis: LocalRedis,
     pub etcd: LocalEtcd,
     /// The database as its owner (what the proof and the cost probe read with).
@@ -108,6 +131,8 @@ pub struct LocalDeployment {
     /// The simulator's append-only submit record (JSON lines with timestamps).
     pub sim_log: PathBuf,
     roles: Vec<DeployedRole>,
+    certs: Option<TestCerts>,
+    herald_bin: PathBuf,
     dir: PathBuf,
     _temp: Option<tempfile::TempDir>,
 }
@@ -131,10 +156,15 @@ impl LocalDeployment {
                 (Some(temp), dir)
             }
         };
+        let certs = match options.tls {
+            true => Some(TestCerts::generate(&dir.join("certs"))?),
+            false => None,
+        };
+        let server_tls = certs.as_ref().map(TestCerts::server);
         let pg_options = PostgresOptions {
             durable: options.durable,
             max_connections: 300,
-            ..PostgresOptions::default()
+            tls: server_tls.clone(),
         };
         let (pg_dir, send_dir, status_dir, etcd_dir) = (
             dir.join("postgres"),
@@ -142,17 +172,45 @@ impl LocalDeployment {
             dir.join("redis-status"),
             dir.join("etcd"),
         );
-        let redis_options = RedisOptions::default();
+        let redis_options = RedisOptions {
+            tls: server_tls.clone(),
+            ..RedisOptions::default()
+        };
+        let send_options = RedisOptions {
+            max_memory_bytes: options
+                .send_max_memory
+                .unwrap_or(redis_options.max_memory_bytes),
+            ..redis_options.clone()
+        };
+        let etcd = async {
+            match &server_tls {
+                Some(tls) => LocalEtcd::start_tls_in(&etcd_dir, tls).await,
+                None => LocalEtcd::start_in(&etcd_dir).await,
+            }
+        };
         let (pg, send_redis, status_redis, etcd) = tokio::try_join!(
             LocalPostgres::start_in(&pg_dir, &pg_options),
-            LocalRedis::start_in(&send_dir, &redis_options),
+            LocalRedis::start_in(&send_dir, &send_options),
             LocalRedis::start_in(&status_dir, &redis_options),
-            LocalEtcd::start_in(&etcd_dir),
+            etcd,
         )?;
+        let mut more_send_redis = Vec::new();
+        for shard in 1..options.send_shards.max(1) {
+            let shard_dir = dir.join(format!("redis-send-{shard}"));
+            more_send_redis.push(LocalRedis::start_in(&shard_dir, &redis_options).await?);
+        }
         let database_url = pg.create_database("herald").await?;
+        // Roles (and the migration) verify the server's certificate and name.
+        let verified = |url: &str| match &certs {
+            Some(certs) => format!(
+                "{url}?sslmode=verify-full&sslrootcert={}",
+                certs.ca.display()
+            ),
+            None => url.to_owned(),
+        };
         let keys = DeploymentKeys::generate();
         let migrate = tokio::process::Command::new(&options.herald_bin)
-            .args(["migrate", "--database-url", &database_url])
+            .args(["migrate", "--database-url", &verified(&database_url)])
             .args(["--partitions", &options.partitions.to_string()])
             .args(["--log-format", "pretty"])
             .envs(keys.migrate_env())
@@ -175,15 +233,18 @@ impl LocalDeployment {
         let mut deployment = Self {
             pg,
             send_redis,
+            more_send_redis,
             status_redis,
             etcd,
-            runtime_database_url: keys.runtime_url(&database_url)?,
+            runtime_database_url: verified(&keys.runtime_url(&database_url)?),
             keys,
             database_url,
             sim_log: dir.join("provider-sim-submits.jsonl"),
             api_url,
             sim_url,
             roles: Vec::new(),
+            certs,
+            herald_bin: options.herald_bin.clone(),
             dir,
             _temp: temp,
         };
@@ -194,7 +255,7 @@ impl LocalDeployment {
     /// Starts every role from its typed configuration (written as the role's `--config`
     /// file), with the caller's extra flags on top.
     async fn start_roles(&mut self, options: &DeploymentOptions) -> anyhow::Result<()> {
-        let (send, status) = (self.send_redis.url(), self.status_redis.url());
+        let (send, status) = (self.send_urls(), vec![self.status_redis.url()]);
         let sim = SimConfig {
             listen: address(&self.sim_url)?,
             log_path: self.sim_log.clone(),
@@ -203,39 +264,34 @@ impl LocalDeployment {
         };
         let sim_url = self.sim_url.clone();
         let sim_flags = &options.sim_flags;
-        self.spawn(
-            options,
-            "provider-sim",
-            "provider-sim",
-            &sim,
-            sim_flags,
-            sim_url,
-        )
-        .await?;
+        self.spawn("provider-sim", "provider-sim", &sim, sim_flags, sim_url)
+            .await?;
 
         let mut api = ApiConfig::new(&self.runtime_database_url);
         api.listen = address(&self.api_url)?;
         api.database.database_max_connections = 32;
-        api.redis_send_url = vec![send.clone()];
-        api.redis_status_url = vec![status.clone()];
+        api.redis_send_url = send.clone();
+        api.redis_status_url = status.clone();
         let api_url = self.api_url.clone();
-        self.spawn(options, "api", "api", &api, &options.api_flags, api_url)
+        self.spawn("api", "api", &api, &options.api_flags, api_url)
             .await?;
 
-        for i in 0..options.pollers.max(1) {
+        for i in 0..options.pollers {
             let admin = format!("http://127.0.0.1:{}", free_port()?);
-            let mut poller = PollerConfig::new(&self.runtime_database_url, &send, &status);
+            let mut poller = PollerConfig::new(&self.runtime_database_url, &send[0], &status[0]);
+            poller.queue.redis_send_url = send.clone();
             poller.poller_id = Some(format!("poller-{i}"));
             poller.admin_listen = address(&admin)?;
-            poller.etcd_endpoints = vec![self.etcd.endpoint()];
+            if options.fleet {
+                poller.etcd_endpoints = vec![self.etcd.endpoint()];
+            }
             poller.database.database_max_connections = 24;
             if options.quick_recovery {
                 quick_recovery_poller(&mut poller);
             }
             let name = format!("poller-{i}");
             let flags = &options.poller_flags;
-            self.spawn(options, &name, "poller", &poller, flags, admin)
-                .await?;
+            self.spawn(&name, "poller", &poller, flags, admin).await?;
         }
 
         for (job_type, redis, extra) in [
@@ -243,7 +299,8 @@ impl LocalDeployment {
             (JobType::Status, &status, &options.status_worker_flags),
         ] {
             let admin = format!("http://127.0.0.1:{}", free_port()?);
-            let mut worker = WorkerConfig::new(job_type, &self.runtime_database_url, redis);
+            let mut worker = WorkerConfig::new(job_type, &self.runtime_database_url, &redis[0]);
+            worker.redis_url = redis.clone();
             worker.admin_listen = address(&admin)?;
             worker.worker_id = Some(format!("{job_type}-worker"));
             worker.database.database_max_connections = 32;
@@ -254,8 +311,7 @@ impl LocalDeployment {
                 quick_recovery_worker(&mut worker);
             }
             let name = format!("{job_type}-worker");
-            self.spawn(options, &name, "worker", &worker, extra, admin)
-                .await?;
+            self.spawn(&name, "worker", &worker, extra, admin).await?;
         }
         Ok(())
     }
@@ -265,7 +321,6 @@ impl LocalDeployment {
     /// environment, as in a deployment.
     async fn spawn<T: serde::Serialize>(
         &mut self,
-        options: &DeploymentOptions,
         name: &str,
         subcommand: &str,
         config: &T,
@@ -277,12 +332,56 @@ impl LocalDeployment {
         let mut args = vec![subcommand.to_owned(), "--config".to_owned()];
         args.push(path_str(&file)?.to_owned());
         args.extend(extra.iter().cloned());
-        let mut env = vec![("HERALD_LOG_FORMAT".to_owned(), "json".to_owned())];
+        self.spawn_with_env(name, &args, Vec::new(), admin_url)
+            .await
+    }
+
+    /// Starts one more role, `herald <args…>`, as `name`, with its admin (or API) server at
+    /// `admin_url`, and waits until it is healthy. It connects as the runtime role
+    /// (`HERALD_DATABASE_URL`) with the deployment's keys and, under TLS, its client
+    /// certificates; its flags name everything else (stores, ports).
+    pub async fn spawn_role(
+        &mut self,
+        name: &str,
+        args: &[String],
+        admin_url: String,
+    ) -> anyhow::Result<()> {
+        let database = (
+            "HERALD_DATABASE_URL".to_owned(),
+            self.runtime_database_url.clone(),
+        );
+        self.spawn_with_env(name, args, vec![database], admin_url)
+            .await
+    }
+
+    async fn spawn_with_env(
+        &mut self,
+        name: &str,
+        args: &[String],
+        mut env: Vec<(String, String)>,
+        admin_url: String,
+    ) -> anyhow::Result<()> {
+        env.push(("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()));
+        let subcommand = args.first().map(String::as_str).unwrap_or_default();
         env.extend(self.keys.env_for(subcommand));
+        if let Some(certs) = &self.certs {
+            for service in ["REDIS", "ETCD"] {
+                for (file, path) in [
+                    ("CA", &certs.ca),
+                    ("CERT", &certs.client_cert),
+                    ("KEY", &certs.client_key),
+                ] {
+                    env.push((
+                        format!("HERALD_{service}_{file}_FILE"),
+                        path.display().to_string(),
+                    ));
+                }
+            }
+        }
         let process = RoleProcess::spawn(
-            &options.herald_bin,
+            &self.herald_bin,
             name,
-            &args,
+            args,
             &env,
             &self.dir.join("logs"),
             format!("{admin_url}/healthz"),
@@ -290,6 +389,32 @@ impl LocalDeployment {
         .await?;
         self.roles.push(DeployedRole { process, admin_url });
         Ok(())
+    }
+
+    /// Every send shard's URL, the first shard first.
+    pub fn send_urls(&self) -> Vec<String> {
+        std::iter::once(&self.send_redis)
+            .chain(&self.more_send_redis)
+            .map(LocalRedis::url)
+            .collect()
+    }
+
+    /// The certificates of a TLS deployment ([`DeploymentOptions::tls`]).
+    pub fn certs(&self) -> Option<&TestCerts> {
+        self.certs.as_ref()
+    }
+
+    /// The base URL of the admin (or API) server of the role named `name`.
+    pub fn admin_url(&self, name: &str) -> Option<&str> {
+        self.roles
+            .iter()
+            .find(|r| r.process.name() == name)
+            .map(|r| r.admin_url.as_str())
+    }
+
+    /// Every role process, in start order.
+    pub fn processes(&self) -> impl Iterator<Item = &RoleProcess> {
+        self.roles.iter().map(|r| &r.process)
     }
 
     /// Every role's name and the base URL of its `/metrics`, in start order.

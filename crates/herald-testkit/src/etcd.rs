@@ -38,6 +38,11 @@ impl LocalEtcd {
         Ok(etcd)
     }
 
+    /// [`start_tls`](Self::start_tls) with its data under `root`.
+    pub async fn start_tls_in(root: &Path, tls: &crate::tls::ServerTls) -> anyhow::Result<Self> {
+        Self::start_with(root, Some(tls.clone())).await
+    }
+
     async fn start_with(root: &Path, tls: Option<crate::tls::ServerTls>) -> anyhow::Result<Self> {
         std::fs::create_dir_all(root)?;
         let program =

@@ -14,7 +14,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 fn send_store(herald: &Deployment) -> QueueStore {
     QueueStore::new(&StoreSettings {
-        url: herald.redis.url(),
+        url: herald.send_redis.url(),
         job_type: JobType::Send,
         shard: 0,
         max_connections: 2,
@@ -25,7 +25,11 @@ fn send_store(herald: &Deployment) -> QueueStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_in_flight_is_exactly_one_stream_entry_and_none_is_left_after() {
     let mut herald = Deployment::start(Options::default()).await;
-    assert!(herald.role("worker").terminate(EXIT_GRACE).await.unwrap());
+    assert!(herald
+        .role("send-worker")
+        .terminate(EXIT_GRACE)
+        .await
+        .unwrap());
     let ids = herald.send(500, 100, 2).await;
     herald
         .wait_for(
@@ -49,7 +53,7 @@ async fn a_job_in_flight_is_exactly_one_stream_entry_and_none_is_left_after() {
     assert_eq!(stats.stream_length, 500, "one entry per job");
     assert_eq!(stats.keys, 1, "the stream is the only key: nothing per job");
 
-    herald.role("worker").restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald.wait_delivered(ids.len() as i64, MINUTE).await;
     // A job is acknowledged (and its entry deleted) after its ledger row is written.
     let stats = until("acknowledged entries are deleted", PATIENCE, || async {
@@ -91,7 +95,11 @@ async fn a_full_store_pauses_publishing_and_readiness_says_why_and_nothing_is_lo
         ..Options::default()
     })
     .await;
-    assert!(herald.role("worker").terminate(EXIT_GRACE).await.unwrap());
+    assert!(herald
+        .role("send-worker")
+        .terminate(EXIT_GRACE)
+        .await
+        .unwrap());
     // Fill until readiness names the full store: how many jobs fit depends on the entry size and on
     // what else Redis holds (client buffers), so the test measures instead of guessing.
     let readyz = format!("{}/readyz", herald.api_url);
@@ -199,7 +207,7 @@ async fn a_full_store_pauses_publishing_and_readiness_says_why_and_nothing_is_lo
     );
 
     // Workers drain the store; publishing resumes; everything is delivered.
-    herald.role("worker").restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald
         .wait_delivered(sent as i64, Duration::from_secs(180))
         .await;
@@ -236,7 +244,7 @@ async fn redis_restarts_under_load_heal_without_restarting_herald() {
     // Redis goes down while messages flow.
     accepted_more(&herald, 200).await;
     let before = publish_trouble(&herald).await;
-    herald.redis.stop().await.unwrap();
+    herald.send_redis.stop().await.unwrap();
     herald.status_redis.stop().await.unwrap();
     // Redis stays down until the poller has run into it (a refused publish or a paused claim).
     until("the poller notices Redis is down", PATIENCE, || async {
@@ -248,7 +256,7 @@ async fn redis_restarts_under_load_heal_without_restarting_herald() {
         }
     })
     .await;
-    herald.redis.restart().await.unwrap();
+    herald.send_redis.restart().await.unwrap();
     herald.status_redis.restart().await.unwrap();
     // Load goes on until sends flow again end to end, through the restarted stores.
     grown(&herald, "SELECT count(*) FROM ledger", 200).await;

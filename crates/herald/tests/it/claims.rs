@@ -245,7 +245,7 @@ async fn start_send_worker(herald: &Deployment, worker_id: &str) -> Managed {
             ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
         ],
         user: None,
-        log: herald.logs.path().join(format!("{worker_id}.log")),
+        log: herald.logs().join(format!("{worker_id}.log")),
     };
     let worker = Managed::spawn(launch).unwrap();
     let health = format!("http://127.0.0.1:{port}/healthz");
@@ -272,7 +272,7 @@ async fn a_worker_sent_sigterm_records_every_send_in_flight_before_it_exits() {
     })
     .await;
     assert!(herald
-        .role("worker")
+        .role("send-worker")
         .terminate(Duration::from_secs(30))
         .await
         .unwrap());
@@ -317,7 +317,7 @@ async fn a_worker_sent_sigterm_records_every_send_in_flight_before_it_exits() {
         assert_eq!(history[1].1["worker"], "draining-worker", "{history:?}");
     }
     let store = herald_queue::QueueStore::new(&herald_queue::StoreSettings {
-        url: herald.redis.url(),
+        url: herald.send_redis.url(),
         job_type: herald_core::JobType::Send,
         shard: 0,
         max_connections: 1,
@@ -356,7 +356,7 @@ async fn a_batch_refused_with_oom_goes_back_to_pending_uncharged() {
     })
     .await;
     assert!(herald
-        .role("worker")
+        .role("send-worker")
         .terminate(Duration::from_secs(30))
         .await
         .unwrap());
@@ -406,7 +406,7 @@ async fn a_batch_refused_with_oom_goes_back_to_pending_uncharged() {
     assert!(pending > 0, "{by_status:?}");
 
     // With a worker draining the store, every message is delivered once.
-    herald.role("worker").restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald.role("poller-0").restart().await.unwrap();
     let accepted = count(&herald, "SELECT count(*) FROM messages").await;
     herald.wait_delivered(accepted, 3 * PATIENCE).await;

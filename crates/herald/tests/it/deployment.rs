@@ -1,21 +1,21 @@
-//! A local deployment: servers from the test kit, roles as processes of the built binary. It
-//! runs with production's credentials: the roles connect as the runtime database role, the API
-//! holds random client and operator keys ([`Deployment::client`] sends the operator key), and
-//! the simulator signs its receipts with the API's secrets.
+//! The end-to-end tests' deployment: the test kit's one builder
+//! ([`herald_testkit::LocalDeployment`], which `herald dev` and the load tester run too) with
+//! the tests' conveniences on top. It runs with production's credentials: the roles connect as
+//! the runtime database role, the API holds random client and operator keys
+//! ([`Deployment::client`] sends the operator key), and the simulator signs its receipts with
+//! the API's secrets.
 //!
-//! Longer than 400 lines: the deployment builder of the end-to-end tests with its chaos controls;
-//! merging it with `herald_testkit::LocalDeployment` (one builder) is open work.
+//! Longer than 400 lines: the conveniences (sending, waiting, the proof, loads the tests
+//! keep running while they break things) share the deployment they drive.
 
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use herald_client::wire::{BatchItem, SendRequest};
-use herald_testkit::{
-    free_port, DeploymentKeys, LocalEtcd, LocalPostgres, LocalRedis, PostgresOptions, RedisOptions,
-    RoleProcess, TestCerts,
-};
+use herald_testkit::{free_port, DeploymentOptions, LocalDeployment, RoleProcess};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -68,265 +68,85 @@ impl Default for Options {
 }
 
 pub struct Deployment {
-    pub pg: LocalPostgres,
-    pub redis: LocalRedis,
-    /// Send shards after the first (`redis` is shard 0).
-    pub more_redis: Vec<LocalRedis>,
-    pub etcd: LocalEtcd,
-    /// The database as its owner: for the test's own queries and `herald verify`.
-    pub database_url: String,
-    /// The database as the runtime role, which every role connects as.
-    pub runtime_database_url: String,
-    /// The API's keys and the gateways' receipt secrets.
-    pub keys: DeploymentKeys,
+    /// The servers and roles; the deployment's fields (`pg`, `send_redis`, `api_url`, …) are
+    /// read through it.
+    pub local: LocalDeployment,
+    /// The database as its owner: for the test's own queries.
     pub pool: PgPool,
-    pub api_url: String,
-    pub sim_url: String,
     pub poller_admins: Vec<String>,
     pub worker_admin: String,
     pub status_worker_admin: String,
-    /// The status job type's queue store.
-    pub status_redis: LocalRedis,
-    pub roles: Vec<RoleProcess>,
     /// Sends the operator key with every request (to any role).
     pub client: reqwest::Client,
     /// The API's client, with the operator key.
     pub api: herald_client::Client,
-    pub logs: tempfile::TempDir,
-    /// The certificates of a TLS deployment.
-    pub certs: Option<TestCerts>,
+}
+
+impl Deref for Deployment {
+    type Target = LocalDeployment;
+
+    fn deref(&self) -> &LocalDeployment {
+        &self.local
+    }
+}
+
+impl DerefMut for Deployment {
+    fn deref_mut(&mut self) -> &mut LocalDeployment {
+        &mut self.local
+    }
 }
 
 impl Deployment {
     pub async fn start(options: Options) -> Self {
-        let logs = tempfile::Builder::new()
-            .prefix("herald-it-")
-            .tempdir()
-            .unwrap();
-        let certs = options
-            .tls
-            .then(|| TestCerts::generate(&logs.path().join("certs")).expect("certificates"));
-        let server_tls = certs.as_ref().map(TestCerts::server);
-        let send_options = RedisOptions {
-            max_memory_bytes: options.send_max_memory.unwrap_or(256 << 20),
-            tls: server_tls.clone(),
-        };
-        let status_options = RedisOptions {
-            tls: server_tls.clone(),
-            ..RedisOptions::default()
-        };
-        let pg_options = PostgresOptions {
-            tls: server_tls.clone(),
-            ..PostgresOptions::default()
-        };
-        let etcd = async {
-            match &server_tls {
-                Some(tls) => LocalEtcd::start_tls(tls).await,
-                None => LocalEtcd::start().await,
-            }
-        };
-        let (pg, redis, status_redis, etcd) = tokio::join!(
-            LocalPostgres::start_with(&pg_options),
-            LocalRedis::start_with(&send_options),
-            LocalRedis::start_with(&status_options),
-            etcd
-        );
-        let (pg, redis, status_redis, etcd) = (
-            pg.expect("postgres"),
-            redis.expect("redis"),
-            status_redis.expect("redis"),
-            etcd.expect("etcd"),
-        );
-        let database_url = pg.create_database("herald").await.expect("database");
-        // Roles (and the migration) verify the server's certificate and name.
-        let verified = |url: &str| match &certs {
-            Some(certs) => format!(
-                "{url}?sslmode=verify-full&sslrootcert={}",
-                certs.ca.display()
-            ),
-            None => url.to_owned(),
-        };
-        let keys = DeploymentKeys::generate();
-        let status = tokio::process::Command::new(HERALD)
-            .args(["migrate", "--database-url", &verified(&database_url)])
-            .args(["--partitions", &options.partitions.to_string()])
-            .envs(keys.migrate_env())
-            .status()
+        let mut shape = DeploymentOptions::new(PathBuf::from(HERALD));
+        shape.partitions = options.partitions;
+        shape.pollers = options.pollers;
+        shape.fleet = options.fleet;
+        shape.send_shards = options.send_shards;
+        shape.send_max_memory = options.send_max_memory;
+        shape.tls = options.tls;
+        shape.sim_flags = options.sim_flags;
+        shape.api_flags = options.api_flags;
+        // Quick polling, so a test's messages move without waiting out idle intervals.
+        shape.poller_flags = args(&["--poll-interval", "100ms", "--idle-poll-interval", "400ms"]);
+        shape.poller_flags.extend(options.poller_flags);
+        shape.send_worker_flags = options.worker_flags;
+        shape.status_worker_flags = options.status_worker_flags;
+        let local = LocalDeployment::start(&shape)
             .await
-            .unwrap();
-        assert!(status.success(), "herald migrate failed");
+            .unwrap_or_else(|err| panic!("the deployment did not start: {err:#}"));
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
-            .connect(&database_url)
+            .connect(&local.database_url)
             .await
             .unwrap();
-        let port = || free_port().unwrap();
-        let (api_port, sim_port, worker_port, status_port) = (port(), port(), port(), port());
-        let poller_ports: Vec<u16> = (0..options.pollers).map(|_| port()).collect();
-        let mut deployment = Self {
-            api_url: format!("http://127.0.0.1:{api_port}"),
-            sim_url: format!("http://127.0.0.1:{sim_port}"),
-            poller_admins: poller_ports
-                .iter()
-                .map(|p| format!("http://127.0.0.1:{p}"))
-                .collect(),
-            worker_admin: format!("http://127.0.0.1:{worker_port}"),
-            status_worker_admin: format!("http://127.0.0.1:{status_port}"),
-            status_redis,
-            pg,
-            redis,
-            more_redis: Vec::new(),
-            etcd,
-            runtime_database_url: verified(&keys.runtime_url(&database_url).unwrap()),
-            database_url,
-            pool,
-            roles: Vec::new(),
-            client: keys.operator_client().unwrap(),
-            api: herald_client::Client::from_http(
-                &format!("http://127.0.0.1:{api_port}"),
-                keys.operator_client().unwrap(),
-            ),
-            keys,
-            logs,
-            certs,
+        let admin = |name: &str| {
+            local
+                .admin_url(name)
+                .unwrap_or_else(|| panic!("no role {name}"))
+                .to_owned()
         };
-        for _ in 1..options.send_shards {
-            deployment
-                .more_redis
-                .push(LocalRedis::start().await.expect("redis shard"));
+        let client = local.keys.operator_client().unwrap();
+        Self {
+            pool,
+            poller_admins: (0..options.pollers)
+                .map(|i| admin(&format!("poller-{i}")))
+                .collect(),
+            worker_admin: admin("send-worker"),
+            status_worker_admin: admin("status-worker"),
+            api: herald_client::Client::from_http(&local.api_url, client.clone()),
+            client,
+            local,
         }
-        let send_urls = deployment.send_urls().join(",");
-        let sim_log = deployment.logs.path().join("submits.jsonl");
-        let mut sim = args(&[
-            "provider-sim",
-            "--listen",
-            &format!("127.0.0.1:{sim_port}"),
-            "--log-path",
-            sim_log.to_str().unwrap(),
-            "--callback-url",
-            &format!("http://127.0.0.1:{api_port}"),
-        ]);
-        sim.extend(options.sim_flags.iter().cloned());
-        deployment
-            .spawn(
-                "provider-sim",
-                sim,
-                format!("{}/healthz", deployment.sim_url),
-            )
-            .await;
-
-        let mut api = args(&[
-            "api",
-            "--listen",
-            &format!("127.0.0.1:{api_port}"),
-            "--redis-send-url",
-            &send_urls,
-            "--redis-status-url",
-            &deployment.status_redis.url(),
-        ]);
-        api.extend(options.api_flags.iter().cloned());
-        deployment
-            .spawn("api", api, format!("{}/healthz", deployment.api_url))
-            .await;
-
-        for (i, poller_port) in poller_ports.iter().enumerate() {
-            let mut poller = args(&[
-                "poller",
-                "--poller-id",
-                &format!("poller-{i}"),
-                "--admin-listen",
-                &format!("127.0.0.1:{poller_port}"),
-                "--redis-send-url",
-                &send_urls,
-                "--redis-status-url",
-                &deployment.status_redis.url(),
-                "--poll-interval",
-                "100ms",
-                "--idle-poll-interval",
-                "400ms",
-            ]);
-            if options.fleet {
-                poller.extend(args(&["--etcd-endpoints", &deployment.etcd.endpoint()]));
-            }
-            poller.extend(options.poller_flags.iter().cloned());
-            let health = format!("{}/healthz", deployment.poller_admins[i]);
-            deployment
-                .spawn(&format!("poller-{i}"), poller, health)
-                .await;
-        }
-
-        let mut worker = args(&[
-            "worker",
-            "--job-type",
-            "send",
-            "--admin-listen",
-            &format!("127.0.0.1:{worker_port}"),
-            "--redis-url",
-            &send_urls,
-            "--provider-url",
-            &deployment.sim_url,
-        ]);
-        worker.extend(options.worker_flags.iter().cloned());
-        deployment
-            .spawn(
-                "worker",
-                worker,
-                format!("{}/healthz", deployment.worker_admin),
-            )
-            .await;
-        let mut status_worker = args(&[
-            "worker",
-            "--job-type",
-            "status",
-            "--admin-listen",
-            &format!("127.0.0.1:{status_port}"),
-            "--redis-url",
-            &deployment.status_redis.url(),
-        ]);
-        status_worker.extend(options.status_worker_flags.iter().cloned());
-        let health = format!("{}/healthz", deployment.status_worker_admin);
-        deployment
-            .spawn("status-worker", status_worker, health)
-            .await;
-        deployment
     }
 
-    /// Starts one more role process named `name`.
-    pub async fn spawn(&mut self, name: &str, args: Vec<String>, health: String) {
-        let mut env = vec![
-            (
-                "HERALD_DATABASE_URL".to_owned(),
-                self.runtime_database_url.clone(),
-            ),
-            ("HERALD_LOG_FORMAT".to_owned(), "json".to_owned()),
-        ];
-        let subcommand = args.first().map(String::as_str).unwrap_or_default();
-        env.extend(self.keys.env_for(subcommand));
-        if let Some(certs) = &self.certs {
-            for service in ["REDIS", "ETCD"] {
-                for (file, path) in [
-                    ("CA", &certs.ca),
-                    ("CERT", &certs.client_cert),
-                    ("KEY", &certs.client_key),
-                ] {
-                    env.push((
-                        format!("HERALD_{service}_{file}_FILE"),
-                        path.display().to_string(),
-                    ));
-                }
-            }
-        }
-        let role = RoleProcess::spawn(
-            PathBuf::from(HERALD).as_path(),
-            name,
-            &args,
-            &env,
-            self.logs.path(),
-            health,
-        )
-        .await
-        .unwrap_or_else(|err| panic!("{name} did not start: {err:#}"));
-        self.roles.push(role);
+    /// Starts one more role process named `name`, `herald <args…>`, whose admin (or API)
+    /// server is at `admin_url`; waits until it is healthy.
+    pub async fn spawn(&mut self, name: &str, args: Vec<String>, admin_url: String) {
+        self.local
+            .spawn_role(name, &args, admin_url)
+            .await
+            .unwrap_or_else(|err| panic!("{name} did not start: {err:#}"));
     }
 
     /// Starts one more role on a free admin port (appended as `--admin-listen`) and returns
@@ -335,25 +155,20 @@ impl Deployment {
         let port = free_port().unwrap();
         let admin = format!("http://127.0.0.1:{port}");
         role_args.extend(args(&["--admin-listen", &format!("127.0.0.1:{port}")]));
-        self.spawn(name, role_args, format!("{admin}/healthz"))
-            .await;
+        self.spawn(name, role_args, admin.clone()).await;
         admin
-    }
-
-    /// Every send shard's URL, shard 0 first.
-    pub fn send_urls(&self) -> Vec<String> {
-        std::iter::once(&self.redis)
-            .chain(&self.more_redis)
-            .map(|r| r.url())
-            .collect()
     }
 
     /// The role process named `name`.
     pub fn role(&mut self, name: &str) -> &mut RoleProcess {
-        self.roles
-            .iter_mut()
-            .find(|r| r.name() == name)
-            .unwrap_or_else(|| panic!("no role {name}"))
+        self.local
+            .role(name)
+            .unwrap_or_else(|err| panic!("{err:#}"))
+    }
+
+    /// The folder of the roles' logs (`<role>.log`).
+    pub fn logs(&self) -> PathBuf {
+        self.local.dir().join("logs")
     }
 
     /// Sends `count` messages in batches; returns every id the API accepted.
@@ -463,8 +278,7 @@ impl Deployment {
             }
             if Instant::now() >= deadline {
                 let logs: Vec<String> = self
-                    .roles
-                    .iter()
+                    .processes()
                     .map(|r| format!("--- {} ---\n{}", r.name(), r.log_tail(3000)))
                     .collect();
                 panic!(

@@ -250,7 +250,7 @@ async fn three_pollers_share_the_partitions_and_a_fourth_moves_only_its_share() 
         "--poller-id",
         "poller-3",
         "--redis-send-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--redis-status-url",
         &herald.status_redis.url(),
         "--etcd-endpoints",

@@ -201,11 +201,7 @@ async fn verify_fails_when_an_accepted_message_never_reached_the_provider() {
     assert_eq!(herald.verify().await.0, 0);
 
     // Stop the poller, accept more: they are committed but cannot be delivered.
-    let poller = herald
-        .roles
-        .iter_mut()
-        .find(|r| r.name() == "poller-0")
-        .unwrap();
+    let poller = herald.role("poller-0");
     assert!(
         poller.terminate(EXIT_GRACE).await.unwrap(),
         "poller exits on SIGTERM"
@@ -217,11 +213,7 @@ async fn verify_fails_when_an_accepted_message_never_reached_the_provider() {
     assert_eq!(lost(&report), 5, "{report}");
 
     // Back up: the rows wait in the outbox and are delivered.
-    let poller = herald
-        .roles
-        .iter_mut()
-        .find(|r| r.name() == "poller-0")
-        .unwrap();
+    let poller = herald.role("poller-0");
     poller.restart().await.unwrap();
     herald.wait_delivered(25, Duration::from_secs(60)).await;
     assert_eq!(herald.verify().await.0, 0);

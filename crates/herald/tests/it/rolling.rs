@@ -96,14 +96,12 @@ async fn two_apis(flags: &[&str]) -> (Deployment, String) {
         "--listen",
         &second,
         "--redis-send-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--redis-status-url",
         &herald.status_redis.url(),
     ]);
     api.extend(args(flags));
-    herald
-        .spawn("api-2", api, format!("http://{second}/healthz"))
-        .await;
+    herald.spawn("api-2", api, format!("http://{second}")).await;
     (herald, second)
 }
 

@@ -107,7 +107,7 @@ async fn r1_killing_the_api_loses_no_message_it_answered_202_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r1_the_api_accepts_while_redis_is_down_and_everything_is_delivered_after() {
     let mut herald = Deployment::start(Options::default()).await;
-    herald.redis.stop().await.unwrap();
+    herald.send_redis.stop().await.unwrap();
     let ids = send_n(&herald, "no-redis", 200).await;
     assert_eq!(ids.len(), 200);
     let single = SendRequest {
@@ -140,7 +140,7 @@ async fn r1_the_api_accepts_while_redis_is_down_and_everything_is_delivered_afte
         "nothing can be sent yet"
     );
 
-    herald.redis.restart().await.unwrap();
+    herald.send_redis.restart().await.unwrap();
     herald.wait_delivered(201, MINUTE).await;
     verify_ok(&herald).await;
     // The outage did not use up attempts: a batch the store refused gave its attempt back.
@@ -162,7 +162,7 @@ async fn r3_a_redis_restart_before_workers_took_the_jobs_is_redriven() {
     })
     .await;
     assert!(herald
-        .role("worker")
+        .role("send-worker")
         .terminate(Duration::from_secs(10))
         .await
         .unwrap());
@@ -175,9 +175,9 @@ async fn r3_a_redis_restart_before_workers_took_the_jobs_is_redriven() {
         )
         .await;
     // Redis keeps nothing on disk: the restart loses every published job.
-    herald.redis.stop().await.unwrap();
-    herald.redis.restart().await.unwrap();
-    herald.role("worker").restart().await.unwrap();
+    herald.send_redis.stop().await.unwrap();
+    herald.send_redis.restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald.wait_delivered(300, MINUTE).await;
     verify_ok(&herald).await;
     let redriven = herald
@@ -207,7 +207,7 @@ async fn r3_a_poller_killed_between_publish_and_mark_does_not_lose_the_batch() {
     })
     .await;
     assert!(herald
-        .role("worker")
+        .role("send-worker")
         .terminate(Duration::from_secs(10))
         .await
         .unwrap());
@@ -216,7 +216,7 @@ async fn r3_a_poller_killed_between_publish_and_mark_does_not_lose_the_batch() {
     // The poller's first half, done by hand: take the partitions, claim, publish — then it
     // "dies" before marking anything.
     let store = QueueStore::new(&StoreSettings {
-        url: herald.redis.url(),
+        url: herald.send_redis.url(),
         job_type: JobType::Send,
         shard: 0,
         max_connections: 2,
@@ -243,18 +243,18 @@ async fn r3_a_poller_killed_between_publish_and_mark_does_not_lose_the_batch() {
         100
     );
     // And the published copies are lost with a Redis restart: only the outbox row remains.
-    herald.redis.stop().await.unwrap();
-    herald.redis.restart().await.unwrap();
+    herald.send_redis.stop().await.unwrap();
+    herald.send_redis.restart().await.unwrap();
 
     let poller = args(&[
         "poller",
         "--redis-send-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--redis-status-url",
         &herald.status_redis.url(),
     ]);
     herald.spawn_with_admin("poller-new", poller).await;
-    herald.role("worker").restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald.wait_delivered(100, MINUTE).await;
     verify_ok(&herald).await;
 }
@@ -272,7 +272,7 @@ async fn r3_a_backlog_waiting_in_its_stream_is_never_redriven_or_dead() {
     })
     .await;
     assert!(herald
-        .role("worker")
+        .role("send-worker")
         .terminate(Duration::from_secs(10))
         .await
         .unwrap());
@@ -298,7 +298,7 @@ async fn r3_a_backlog_waiting_in_its_stream_is_never_redriven_or_dead() {
         .await,
         0
     );
-    herald.role("worker").restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald.wait_delivered(100, MINUTE).await;
     verify_ok(&herald).await;
     assert_eq!(
@@ -356,7 +356,7 @@ async fn r3_a_poller_killed_between_claim_and_publish_is_redriven() {
     let poller = args(&[
         "poller",
         "--redis-send-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--redis-status-url",
         &herald.status_redis.url(),
         "--stale-after",
@@ -612,9 +612,9 @@ async fn r4_a_worker_killed_after_claimed_is_redriven_and_accepted_once() {
         .wait_for("SELECT count(*) FROM in_flight_sends", 40, MINUTE)
         .await;
     // Every send is CLAIMED and waiting on the provider: kill the worker now.
-    herald.role("worker").kill9().await.unwrap();
+    herald.role("send-worker").kill9().await.unwrap();
     assert_eq!(count(&herald, "SELECT count(*) FROM ledger").await, 0);
-    herald.role("worker").restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald.wait_delivered(40, MINUTE).await;
     for id in &ids {
         let history = herald.history(id).await;
@@ -671,20 +671,20 @@ async fn r4_a_send_worker_frozen_past_its_lease_is_redriven_and_its_thaw_writes_
         .wait_for("SELECT count(*) FROM in_flight_sends", 10, MINUTE)
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await; // the requests have left
-    herald.role("worker").pause().unwrap();
+    herald.role("send-worker").pause().unwrap();
     herald.wait_for(lease_expired, 10, MINUTE).await;
     let mut other = args(&["worker", "--job-type", "send", "--claim-lease", "3s"]);
     other.extend(args(&[
         "--retry-base",
         "200ms",
         "--redis-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--provider-url",
         &herald.sim_url,
     ]));
     herald.spawn_with_admin("worker-2", other).await;
     herald.wait_delivered(20, MINUTE).await;
-    herald.role("worker").resume().unwrap();
+    herald.role("send-worker").resume().unwrap();
     // Whatever the thawed worker writes now (ACCEPTED again, or a retry of a call it thinks
     // timed out), no row goes back to PENDING and nothing is written twice.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -749,9 +749,9 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
         assert!(std::time::Instant::now() < deadline, "stats: {stats}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    herald.role("worker").kill9().await.unwrap();
+    herald.role("send-worker").kill9().await.unwrap();
     herald.set_faults(0.0, 0.0).await;
-    herald.role("worker").restart().await.unwrap();
+    herald.role("send-worker").restart().await.unwrap();
     herald.wait_delivered(20, MINUTE).await;
     // The provider took those ten and posted their receipts while no send was recorded: the
     // receipts were held (not retried until parked) and applied once the re-driven sends were.
@@ -779,7 +779,7 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
     // first submit is still in progress). Attempts used up with the outcome unknown is no
     // reason for DEAD: the next attempt asks the provider by key, finds the effect and records
     // it. (Before, these five ended DEAD although the provider had them.)
-    herald.role("worker").kill9().await.unwrap();
+    herald.role("send-worker").kill9().await.unwrap();
     let mut impatient = args(&[
         "worker",
         "--job-type",
@@ -795,7 +795,7 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
         "--claim-lease",
         "5s",
         "--redis-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--provider-url",
         &herald.sim_url,
     ]));

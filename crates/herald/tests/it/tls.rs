@@ -76,7 +76,7 @@ async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_b
         "encrypted {encrypted}, plain {plain}"
     );
 
-    let certs = herald.certs.clone().unwrap();
+    let certs = herald.certs().cloned().unwrap();
     let wrong_ca = certs.other_ca.display().to_string();
 
     // PostgreSQL: the migration trusts another CA and stops, saying why.
@@ -104,7 +104,7 @@ async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_b
         "--poller-id",
         "wrong-redis-ca",
         "--redis-send-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--redis-status-url",
         &herald.status_redis.url(),
         "--redis-ca-file",
@@ -141,7 +141,7 @@ async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_b
         "--poller-id",
         "wrong-etcd-ca",
         "--redis-send-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--redis-status-url",
         &herald.status_redis.url(),
         "--etcd-endpoints",
@@ -151,7 +151,7 @@ async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_b
         "--admin-listen",
         "127.0.0.1:0",
     ]));
-    let log_path = herald.logs.path().join("poller-wrong-etcd-ca.log");
+    let log_path = herald.logs().join("poller-wrong-etcd-ca.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let mut child = tokio::process::Command::new(HERALD)
         .args(&poller)
@@ -186,7 +186,7 @@ async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_b
     // front (the first worker stops, so every new message goes this way).
     let port = https_front(&certs, &herald.sim_url).await;
     assert!(herald
-        .role("worker")
+        .role("send-worker")
         .terminate(Duration::from_secs(20))
         .await
         .unwrap());
@@ -195,7 +195,7 @@ async fn every_dependency_over_verified_tls_delivers_and_a_wrong_ca_is_refused_b
         "--job-type",
         "send",
         "--redis-url",
-        &herald.redis.url(),
+        &herald.send_redis.url(),
         "--provider-url",
         &format!("https://localhost:{port}"),
         "--provider-ca-file",
