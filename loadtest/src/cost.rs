@@ -4,6 +4,8 @@
 //! `pg_current_wal_lsn`). A [`Probe`] takes a [`Sample`] before and after; [`Cost::between`]
 //! turns the two into figures per delivered message, and [`Cost::read_wal_by_table`] splits
 //! the WAL by table ([`crate::wal`]).
+//!
+//! Longer than 400 lines with its unit tests (the code is about 350).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

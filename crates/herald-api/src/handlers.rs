@@ -1,4 +1,7 @@
 //! The `/v1` handlers.
+//!
+//! Longer than 400 lines: the single and the batch accept share their idempotency, commit and
+//! answer helpers, which are kept beside both.
 
 use std::collections::HashSet;
 use std::time::Instant;

@@ -1,5 +1,8 @@
 //! The coordinator on etcd: what `herald poller` runs (see the crate's documentation for the
 //! keys).
+//!
+//! Longer than 400 lines: the etcd client's setup (endpoints, TLS, credentials) and the one
+//! implementation of the `Coordination` trait, each call beside why it is made so.
 
 use std::collections::BTreeMap;
 use std::future::Future;

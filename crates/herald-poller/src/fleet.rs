@@ -12,6 +12,9 @@
 //! starting again) cannot strand the partitions. When the lease cannot be renewed
 //! for half its TTL, the poller stops every partition before the lease can expire, then joins
 //! again with a new lease.
+//!
+//! Longer than 400 lines: the fleet's one loop (join, watch, hand off, fence) with the
+//! reasons each step is ordered as it is.
 
 use std::collections::{BTreeMap, HashMap};
 
