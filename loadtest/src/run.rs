@@ -131,8 +131,9 @@ pub struct LocalArgs {
     /// Folder of the local deployment's data and logs (default: a temporary one, removed).
     #[arg(long)]
     pub local_dir: Option<PathBuf>,
-    /// Pollers of the local deployment (they share the partitions through etcd).
-    #[arg(long, default_value_t = 1)]
+    /// Pollers of the local deployment (they share the partitions through etcd); at least 1,
+    /// or nothing would be delivered.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub pollers: usize,
     /// Outbox partitions of the local deployment.
     #[arg(long, default_value_t = 64)]
@@ -748,4 +749,25 @@ fn load_bar(
         }
     });
     (bar, task)
+}
+
+/// A count of at least 1.
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deployment_needs_a_poller() {
+        assert!(at_least_one("0").is_err());
+        assert_eq!(at_least_one("2"), Ok(2));
+        assert!(at_least_one("two").is_err());
+    }
 }

@@ -24,8 +24,9 @@ impl JobType {
     }
 }
 
-/// What the queue and the worker runtime need of a job type: its name, used on the wire (the
-/// job's `job_type`), in stream and consumer-group names and as the `job_type` label. Herald's
+/// What the queue and the worker runtime need of a job type: its name, used in stream and
+/// consumer-group names and as the `job_type` label; on the wire (the job's `job_type`) it is
+/// the type's serde form, which must be the same string (a unit test holds `JobType` to it). Herald's
 /// job types are the variants of [`JobType`]; the trait lets the queue and the runtime be
 /// written once for any of them, and lets the worker's tests run a job type of their own.
 pub trait JobKind:
@@ -73,6 +74,13 @@ mod tests {
             assert_eq!(job.as_str().parse::<JobType>(), Ok(job));
         }
         assert!("sms".parse::<JobType>().is_err());
+    }
+
+    #[test]
+    fn the_wire_form_is_the_name() {
+        for job in JobType::ALL {
+            assert_eq!(serde_json::to_value(job).unwrap(), job.name());
+        }
     }
 }
 

@@ -36,8 +36,8 @@ pub struct DeploymentOptions {
     /// Where servers keep their data and roles their logs (a temporary folder when None).
     pub dir: Option<PathBuf>,
     pub partitions: u32,
-    /// Pollers, sharing the partitions through etcd (so etcd matters even with one); 0 starts
-    /// none (a test then claims by hand or starts its own).
+    /// Pollers: with `fleet` they share the partitions through etcd (so etcd matters even with
+    /// one). 0 starts none (a test then claims by hand or starts its own).
     pub pollers: usize,
     /// PostgreSQL with fsync and synchronous commit (as `herald dev` runs it).
     pub durable: bool,
@@ -428,15 +428,21 @@ impl LocalDeployment {
     /// The pid of every running process of the deployment but PostgreSQL (whose backends
     /// come and go: find them from `pg.data_dir()`), by name: each role, each Redis, etcd.
     pub fn pids(&self) -> Vec<(String, i32)> {
+        let shards = self
+            .more_send_redis
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("redis-send-{}", i + 1), r.pid()));
         let servers = [
-            ("redis-send", self.send_redis.pid()),
-            ("redis-status", self.status_redis.pid()),
-            ("etcd", self.etcd.pid()),
+            ("redis-send".to_owned(), self.send_redis.pid()),
+            ("redis-status".to_owned(), self.status_redis.pid()),
+            ("etcd".to_owned(), self.etcd.pid()),
         ];
         self.roles
             .iter()
             .map(|r| (r.process.name().to_owned(), r.process.pid()))
-            .chain(servers.into_iter().map(|(n, pid)| (n.to_owned(), pid)))
+            .chain(servers)
+            .chain(shards)
             .filter_map(|(name, pid)| Some((name, pid?)))
             .collect()
     }
@@ -463,7 +469,8 @@ impl LocalDeployment {
         &self.dir
     }
 
-    /// Stops the send or status job type's Redis and starts it again on the same port.
+    /// Stops the send or status job type's Redis (the send type's first shard) and starts it
+    /// again on the same port.
     /// Redis keeps nothing on disk, so every stream entry is gone: the outbox re-drive
     /// (rule R3) has to bring the jobs back.
     pub async fn restart_redis(&mut self, job_type: &str) -> anyhow::Result<()> {

@@ -74,7 +74,7 @@ pub enum Handled {
 /// caught and counted (the batch's entries stay pending and are reclaimed), and acknowledging
 /// exactly the entries whose outcome the handler recorded. Adding a job type is a variant of
 /// `herald_core::JobType` and a handler (`docs/DESIGN.md`, "The worker server"); the worker's
-/// tests run a job type of their own (`tests/runtime.rs`).
+/// tests run a job type of their own (`tests/third_job_type.rs`).
 pub trait Handler: Send + Sync + 'static {
     /// The enum the job type is a variant of: [`JobType`] for Herald's own handlers.
     type Kind: JobKind;
@@ -262,9 +262,12 @@ async fn read_shard<H: Handler>(
                 if !handled.is_empty() {
                     // The dropped copies first, so a handler that panics does not send them
                     // round again (logged and counted once more at each reclaim).
-                    let dropped: Vec<String> = handled.drain(..).map(|(id, _)| id).collect();
-                    if let Err(err) = store.ack_and_delete(&dropped).await {
-                        tracing::warn!(error = %err, entries = dropped.len(), "acknowledging dropped entries failed");
+                    let dropped: Vec<String> = handled.iter().map(|(id, _)| id.clone()).collect();
+                    match store.ack_and_delete(&dropped).await {
+                        Ok(()) => handled.clear(),
+                        // Tried again with the handler's answers.
+                        Err(err) => tracing::warn!(error = %err, entries = dropped.len(),
+                            "acknowledging dropped entries failed"),
                     }
                 }
                 handled.extend(handler.handle(jobs, cancel).await);

@@ -116,8 +116,9 @@ async fn a_third_job_type_is_an_enum_variant_and_a_handler() {
         consumer: "echo-test".to_owned(),
         max_batch: 2,
         read_block: Duration::from_millis(100),
-        reclaim_idle: Duration::from_millis(300),
-        reclaim_interval: Duration::from_millis(100),
+        // Long enough that a slow batch on a busy machine is not taken over while it runs.
+        reclaim_idle: Duration::from_secs(2),
+        reclaim_interval: Duration::from_millis(200),
         ..WorkerSettings::default()
     };
     let worker = tokio::spawn(herald_worker::run(
