@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::StoreError;
 
 /// One entry of a message's append-only history.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub seq: i64,
     pub state: String,
@@ -19,7 +19,7 @@ pub struct Event {
 }
 
 /// A message, its derived current state and its full history, oldest event first.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MessageView {
     pub id: Uuid,
     pub partition: u32,

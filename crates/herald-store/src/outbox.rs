@@ -499,7 +499,7 @@ pub async fn defer_job(
 }
 
 /// A DEAD outbox row, for operators.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct DeadRow {
     pub id: i64,
     pub partition: i32,
@@ -586,7 +586,7 @@ fn tally_by_partition(
 }
 
 /// One partition as operators see it: its recorded owner and epoch, and its backlog.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PartitionView {
     pub partition: u32,
     /// The poller that recorded the latest epoch (etcd is the source of truth for liveness).

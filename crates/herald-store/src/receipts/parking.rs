@@ -3,7 +3,7 @@
 use super::*;
 
 /// A parked item, for operators.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Parked {
     pub id: i64,
     pub job_type: String,
