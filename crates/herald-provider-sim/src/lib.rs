@@ -27,6 +27,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use tokio_util::task::TaskTracker;
 
 pub use receipts::PlannedReceipt;
 pub use receipts::{Faults, ReceiptRates, ReceiptSecrets};
@@ -166,6 +167,31 @@ struct Sim {
     receipts: Option<receipts::Sender>,
     /// Keys whose submit is being answered now.
     in_progress: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Work the handlers start and leave running: receipts, a timed-out key's release.
+    tasks: TaskTracker,
+}
+
+/// The work a simulator's handlers left running (receipt deliveries, a timed-out key's
+/// release). A simulator that stops waits for it ([`Background::finish`]) instead of dropping
+/// receipts it promised without a word.
+#[derive(Clone)]
+pub struct Background {
+    tasks: TaskTracker,
+}
+
+impl Background {
+    /// Tasks still running.
+    pub fn running(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Waits up to `grace` for the running tasks (no new ones start after the server stopped);
+    /// answers how many were still running, and so are dropped.
+    pub async fn finish(&self, grace: Duration) -> usize {
+        self.tasks.close();
+        let _ = tokio::time::timeout(grace, self.tasks.wait()).await;
+        self.tasks.len()
+    }
 }
 
 /// Marks a key's submit in progress until dropped.
@@ -199,8 +225,14 @@ impl Drop for InProgress {
     }
 }
 
-/// Builds the simulator's router; the log is opened (and read back) here.
+/// Builds the simulator's router; the log is opened (and read back) here. Its background
+/// work runs untracked: [`simulator`] for a server that waits for it when it stops.
 pub fn router(settings: SimSettings) -> Result<Router, SimError> {
+    simulator(settings).map(|(router, _)| router)
+}
+
+/// [`router`], and the work its handlers leave running.
+pub fn simulator(settings: SimSettings) -> Result<(Router, Background), SimError> {
     settings.validate()?;
     // A deployment's secrets may cover more gateways than this simulator runs (one secret set
     // for several simulators): those are unused, not wrong.
@@ -215,12 +247,14 @@ pub fn router(settings: SimSettings) -> Result<Router, SimError> {
         &settings.gateways,
         settings.id_wrap,
     )?));
+    let tasks = TaskTracker::new();
     let receipts = settings.callback_url.as_ref().map(|url| {
         receipts::Sender::new(
             url,
             settings.receipt_secrets.clone(),
             settings.receipts.clone(),
             record.clone(),
+            tasks.clone(),
         )
     });
     let sim = Sim {
@@ -233,15 +267,17 @@ pub fn router(settings: SimSettings) -> Result<Router, SimError> {
         record,
         receipts: receipts.transpose()?,
         in_progress: Default::default(),
+        tasks: tasks.clone(),
     };
-    Ok(Router::new()
+    let router = Router::new()
         .route("/v1/submit", post(submit))
         .route("/v1/stats", get(stats))
         .route("/v1/submits", get(submits))
         .route("/v1/submits/{key}", get(lookup))
         .route("/v1/effects", get(effects))
         .route("/v1/faults", get(get_faults).put(set_faults))
-        .with_state(sim))
+        .with_state(sim);
+    Ok((router, Background { tasks }))
 }
 
 #[derive(Deserialize)]
@@ -344,7 +380,7 @@ async fn submit(State(sim): State<Sim>, headers: HeaderMap, body: axum::body::By
         // The gateway keeps working on the key for the whole delay, whether or not the client
         // waits for the answer: a submit under the same key meanwhile is a 409.
         let delay = sim.settings.timeout_delay;
-        tokio::spawn(async move {
+        sim.tasks.spawn(async move {
             tokio::time::sleep(delay).await;
             drop(in_progress);
         });

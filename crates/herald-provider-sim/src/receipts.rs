@@ -14,6 +14,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::task::TaskTracker;
 
 use crate::record::{Record, SubmitAnswer};
 
@@ -116,6 +117,10 @@ pub struct Sender {
     /// Receipts waiting for a batch post, and the batcher's end of the queue until it starts.
     queue: mpsc::UnboundedSender<Queued>,
     batcher: Arc<std::sync::Mutex<Option<mpsc::UnboundedReceiver<Queued>>>>,
+    /// Every receipt's delivery (its delays, posts and retries) and every batch post: what a
+    /// shutdown waits for ([`crate::Background`]). The batcher's loop is not in it: it lives
+    /// as long as the simulator and holds no receipt of its own.
+    tasks: TaskTracker,
 }
 
 /// A receipt waiting for a batch post: its gateway, body, and who to tell whether it landed.
@@ -135,6 +140,7 @@ impl Sender {
         secrets: ReceiptSecrets,
         rates: ReceiptRates,
         record: Arc<tokio::sync::Mutex<Record>>,
+        tasks: TaskTracker,
     ) -> Result<Self, crate::SimError> {
         let (queue, batcher) = mpsc::unbounded_channel();
         let slots = if rates.post_batch > 1 {
@@ -155,6 +161,7 @@ impl Sender {
             posts: Arc::new(tokio::sync::Semaphore::new(slots)),
             queue,
             batcher: Arc::new(std::sync::Mutex::new(Some(batcher))),
+            tasks,
         })
     }
 
@@ -165,7 +172,7 @@ impl Sender {
         let sender = self.clone();
         let gateway = answer.gateway.clone();
         let key = key.to_owned();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             if let Err(err) = sender.record.lock().await.plan_receipts(&key, plan) {
                 tracing::error!(error = %err, "cannot append the receipt plan to the submit log");
             }
@@ -261,7 +268,7 @@ impl Sender {
                 by_gateway.entry(gateway).or_default().push((body, landed));
             }
             let sender = self.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 for (gateway, receipts) in by_gateway {
                     let (bodies, answers): (Vec<Value>, Vec<_>) = receipts.into_iter().unzip();
                     let landed = sender
@@ -428,7 +435,7 @@ mod tests {
             post_batch: 1,
             ..ReceiptRates::default()
         };
-        let sender = Sender::new(&base, secrets, rates, record).unwrap();
+        let sender = Sender::new(&base, secrets, rates, record, TaskTracker::new()).unwrap();
         let body = json!({"provider_id": "1", "status": "DELIVRD", "timestamp": 1_760_000_000});
         assert!(sender.post_with_retries("gw-a", &body, 1, false).await);
         assert!(sender.post_with_retries("gw-b", &body, 1, false).await);
@@ -445,5 +452,43 @@ mod tests {
             );
         }
         assert_eq!(seen[2].0, None, "a gateway without a secret posts unsigned");
+    }
+
+    /// A stopping simulator knows what it still owes: a receipt waiting for an API that does
+    /// not take it yet is still running after the grace, and counted; one the API took is
+    /// not.
+    #[tokio::test]
+    async fn a_stopping_simulator_counts_the_receipts_it_still_owes() {
+        let seen = Seen::default();
+        let base = fake_api(seen.clone()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let gateways = ["gw-a".to_owned()];
+        let record = Arc::new(tokio::sync::Mutex::new(
+            Record::open(&dir.path().join("log.jsonl"), &gateways, 100).unwrap(),
+        ));
+        let rates = ReceiptRates {
+            enroute_rate: 0.0,
+            post_batch: 1,
+            ..ReceiptRates::default()
+        };
+        let tasks = TaskTracker::new();
+        let sender = Sender::new(&base, Default::default(), rates, record, tasks.clone()).unwrap();
+        let answer = SubmitAnswer {
+            provider_id: "1".to_owned(),
+            gateway: "gw-a".to_owned(),
+            duplicate: false,
+        };
+        sender.schedule("key-1", &answer);
+        let background = crate::Background { tasks };
+        assert_eq!(background.running(), 1, "the receipt's delivery is tracked");
+        // Not even its first post yet (the receipt waits 50 ms): still owed after 1 ms.
+        assert_eq!(background.finish(Duration::from_millis(1)).await, 1);
+        // The first post is refused (503) and retried; the retry lands.
+        assert_eq!(background.finish(Duration::from_secs(10)).await, 0);
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            2,
+            "a refused post and its retry"
+        );
     }
 }

@@ -25,8 +25,8 @@ pub async fn run(config: SimConfig, cancel: CancellationToken) -> anyhow::Result
         );
     }
     let metrics = telemetry::init_metrics()?;
-    let router =
-        herald_provider_sim::router(settings).map_err(|err| ConfigError(err.to_string()))?;
+    let (router, background) =
+        herald_provider_sim::simulator(settings).map_err(|err| ConfigError(err.to_string()))?;
     let always_ready: telemetry::Readiness = Arc::new(|| Box::pin(async { Ok(Vec::new()) }));
     telemetry::spawn_role_gauges(
         telemetry::Watched {
@@ -44,5 +44,26 @@ pub async fn run(config: SimConfig, cancel: CancellationToken) -> anyhow::Result
         always_ready,
         None,
     ));
-    telemetry::serve(config.listen, router, cancel).await
+    telemetry::serve(config.listen, router, cancel).await?;
+    let running = background.running();
+    if running > 0 {
+        tracing::info!(
+            running,
+            grace = ?SHUTDOWN_GRACE,
+            "waiting for receipt deliveries still running"
+        );
+    }
+    let dropped = background.finish(SHUTDOWN_GRACE).await;
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "stopping with receipt deliveries still running: their receipts are never posted \
+             (Herald marks such messages UNKNOWN after its reconciliation window)"
+        );
+    }
+    Ok(())
 }
+
+/// How long a stopping simulator waits for the receipts it still owes: inside Kubernetes'
+/// default 30 s termination grace period.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
