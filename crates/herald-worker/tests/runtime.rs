@@ -1,6 +1,8 @@
 //! The worker runtime against a real Redis: what happens to a batch whose handler panics, and
 //! to entries that are not the handler's jobs.
 
+mod streams;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -71,15 +73,6 @@ async fn stream(redis: &LocalRedis, job_type: JobType) -> QueueStore {
     store
 }
 
-/// Cancels the worker and waits for it to end on its own.
-async fn stop(cancel: CancellationToken, worker: tokio::task::JoinHandle<()>) {
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(10), worker)
-        .await
-        .expect("the worker stops on cancel")
-        .expect("the worker itself did not panic");
-}
-
 fn job(outbox_id: i64, job_type: JobType) -> Job {
     Job {
         outbox_id,
@@ -107,7 +100,6 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
     store.publish(&jobs).await.unwrap();
 
     let handler = Arc::new(PanicsOnce::default());
-    let cancel = CancellationToken::new();
     let settings = WorkerSettings {
         consumer: "runtime-test".to_owned(),
         concurrency: 1,
@@ -117,12 +109,7 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
         reclaim_interval: Duration::from_millis(100),
         ..WorkerSettings::default()
     };
-    let worker = tokio::spawn(herald_worker::run(
-        vec![store.clone()],
-        handler.clone(),
-        settings,
-        cancel.clone(),
-    ));
+    let (cancel, worker) = streams::start(&store, handler.clone(), settings);
 
     herald_testkit::wait_until(
         "every job handled and its entry deleted after a panic",
@@ -169,7 +156,7 @@ async fn a_panicking_batch_is_reclaimed_and_handled_again() {
         "{rendered}"
     );
     assert_eq!(in_flight(&rendered), Some(0.0), "{rendered}");
-    stop(cancel, worker).await;
+    streams::stop(cancel, worker).await;
 }
 
 /// The runtime hands a handler only its own job type's decoded jobs: an entry holding another
@@ -187,33 +174,17 @@ async fn entries_that_are_not_the_handlers_jobs_never_reach_it_and_are_deleted()
         ])
         .await
         .unwrap();
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    for raw in ["not json", r#"{"outbox_id": "four"}"#] {
-        let _: String = redis::cmd("XADD")
-            .arg(store.stream_key())
-            .arg("*")
-            .arg("job")
-            .arg(raw)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
+    let raws = ["not json", r#"{"outbox_id": "four"}"#].map(String::from);
+    streams::add_raw_entries(&redis.url(), store.stream_key(), &raws).await;
     store.publish(&[job(5, JobType::Status)]).await.unwrap();
 
     let handler = Arc::new(Records::default());
-    let cancel = CancellationToken::new();
     let settings = WorkerSettings {
         consumer: "runtime-test".to_owned(),
         read_block: Duration::from_millis(100),
         ..WorkerSettings::default()
     };
-    let worker = tokio::spawn(herald_worker::run(
-        vec![store.clone()],
-        handler.clone(),
-        settings,
-        cancel.clone(),
-    ));
+    let (cancel, worker) = streams::start(&store, handler.clone(), settings);
     herald_testkit::wait_until("the stream emptied", Duration::from_secs(30), || async {
         anyhow::ensure!(
             store.oldest_entry_ms().await?.is_none(),
@@ -234,5 +205,5 @@ async fn entries_that_are_not_the_handlers_jobs_never_reach_it_and_are_deleted()
         ],
         "the handler saw its own jobs, decoded, and nothing else"
     );
-    stop(cancel, worker).await;
+    streams::stop(cancel, worker).await;
 }

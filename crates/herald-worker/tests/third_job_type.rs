@@ -3,6 +3,8 @@
 //! not an echo job, panic capture, the in-flight gauge and acknowledging all come from the
 //! runtime, against a real Redis, as they do for sends and receipts.
 
+mod streams;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -94,24 +96,13 @@ async fn a_third_job_type_is_an_enum_variant_and_a_handler() {
         .publish(&[job(1, Kind::Echo), job(2, Kind::Send), job(3, Kind::Echo)])
         .await
         .unwrap();
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let unknown_type = json!({"outbox_id": 4, "partition": 0, "job_type": "sms",
                               "message_id": null, "attempt": 0, "payload": {}});
-    for raw in [unknown_type.to_string(), "not json".to_owned()] {
-        let _: String = redis::cmd("XADD")
-            .arg(store.stream_key())
-            .arg("*")
-            .arg("job")
-            .arg(raw)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
+    let raws = [unknown_type.to_string(), "not json".to_owned()];
+    streams::add_raw_entries(&redis.url(), store.stream_key(), &raws).await;
     store.publish(&[job(6, Kind::Echo)]).await.unwrap();
 
     let handler = Arc::new(EchoHandler::default());
-    let cancel = CancellationToken::new();
     let settings = WorkerSettings {
         consumer: "echo-test".to_owned(),
         max_batch: 2,
@@ -121,12 +112,7 @@ async fn a_third_job_type_is_an_enum_variant_and_a_handler() {
         reclaim_interval: Duration::from_millis(200),
         ..WorkerSettings::default()
     };
-    let worker = tokio::spawn(herald_worker::run(
-        vec![store.clone()],
-        handler.clone(),
-        settings,
-        cancel.clone(),
-    ));
+    let (cancel, worker) = streams::start(&store, handler.clone(), settings);
     herald_testkit::wait_until(
         "every echo job handled, the stream empty and the gauge at 0",
         Duration::from_secs(30),
@@ -145,11 +131,7 @@ async fn a_third_job_type_is_an_enum_variant_and_a_handler() {
     )
     .await
     .unwrap();
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(10), worker)
-        .await
-        .expect("the worker stops on cancel")
-        .expect("the worker itself did not panic");
+    streams::stop(cancel, worker).await;
 
     let mut echoed = handler.echoed.lock().unwrap().clone();
     echoed.sort();
