@@ -35,7 +35,7 @@ pub const STAGES: [(&str, &str, &str); 7] = [
     (
         "confirm",
         "herald_ownership_confirm_duration_seconds",
-        "worker: claim lease + CLAIMED",
+        "worker: DONE + CLAIMED",
     ),
     (
         "provider call",

@@ -1,7 +1,6 @@
-//! The worker's statements (rules R4, R5): confirm ownership before the provider call (a claim
-//! lease on the outbox row), record the provider's answer after it, and schedule a retry or
-//! record a failure otherwise, each under the claim's lease. Each is one statement, so each
-//! is its own transaction and none spans a network call.
+//! The worker's statements (rules R4, R5): confirm ownership before the provider call, record
+//! the provider's answer after it, and schedule a retry or record a failure otherwise. Each is
+//! one statement, so each is its own transaction and none spans a network call.
 //!
 //! Longer than 400 lines: each worker statement is written out beside its function, and most of
 //! the length is SQL and the comments on why each statement is shaped as it is (docs/DESIGN.md,
@@ -35,12 +34,11 @@ pub struct OwnedSend {
     pub lease: Option<Uuid>,
 }
 
-/// Takes the outbox row's claim lease and appends CLAIMED to its message, in one statement.
-/// Returns `None` when the row is not PROCESSING/PUBLISHED any more (another worker finished
-/// it, or a re-drive returned it to PENDING and a newer copy of the job is on its way) or
-/// another attempt holds a live lease on it: the caller drops its copy. A message that is
-/// already ACCEPTED gets no CLAIMED and its row is DONE at once. The batch statement
-/// ([`confirm_ownership_batch`]) for one job.
+/// Marks the outbox row DONE and appends CLAIMED to its message, in one statement. Returns
+/// `None` when the row is not PROCESSING/PUBLISHED any more (another worker finished it, or a
+/// re-drive returned it to PENDING and a newer copy of the job is on its way): the caller
+/// drops its copy. No CLAIMED is appended for a message that is already ACCEPTED. The batch
+/// statement ([`confirm_ownership_batch`]) for one job.
 pub async fn confirm_ownership(
     pool: &PgPool,
     partition: u32,
@@ -61,13 +59,12 @@ pub struct OwnedFromBatch {
 }
 
 /// [`confirm_ownership`] for many jobs in one statement (one transaction): every row still
-/// PROCESSING/PUBLISHED and held by no live lease is charged an attempt (this is where
-/// attempts are counted: a confirm is followed by a provider call) and takes a fresh lease
-/// token, valid for `lease`, on the row itself; its message gets CLAIMED. The status stays:
-/// the update touches no indexed column, so it is HOT. A row whose message is already
-/// ACCEPTED becomes DONE instead. Rows another copy finished or holds are left out of the
-/// answer. Rows are locked in (partition, id) order, so two workers confirming overlapping
-/// batches queue behind each other instead of deadlocking.
+/// PROCESSING/PUBLISHED becomes DONE and is charged an attempt (this is where attempts are
+/// counted: a confirm is followed by a provider call), and its message gets CLAIMED (unless
+/// already ACCEPTED) and an `in_flight_sends` row holding a fresh lease token, valid for
+/// `lease`. Rows another copy finished are left out of the answer. Rows are locked in
+/// (partition, id) order, so two workers confirming overlapping batches queue behind each
+/// other instead of deadlocking.
 pub async fn confirm_ownership_batch(
     pool: &PgPool,
     jobs: &[(u32, i64)],
@@ -85,52 +82,47 @@ pub async fn confirm_ownership_batch(
     #[allow(clippy::type_complexity)]
     let rows: Vec<(i32, i64, Uuid, String, Json<Value>, bool, i32, Option<Uuid>)> = measured(
         Operation::Confirm,
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH input AS (
                  SELECT * FROM UNNEST($1::int[], $2::bigint[]) AS t(partition, id)
-             ), locked AS (
-                 SELECT x.partition, x.id, x.message_id
-                 FROM (SELECT * FROM input ORDER BY partition, id) k
-                 CROSS JOIN LATERAL (
-                     SELECT o.partition, o.id, o.status, o.message_id, o.lease_until
-                     FROM outbox o
-                     WHERE o.partition = k.partition AND o.id = k.id
-                     OFFSET 0
-                     FOR UPDATE OF o) x
-                 WHERE x.status IN ('PROCESSING', 'PUBLISHED')
-                   -- Another attempt holds the row: this copy is stale. An expired lease
-                   -- is taken over (its worker's later writes present a lease that is gone).
-                   AND (x.lease_until IS NULL OR x.lease_until < now())
-             ), checked AS (
+             ), ",
+            lock_outbox_rows!("input"),
+            ", done AS (
+                 UPDATE outbox o SET status = 'DONE', attempts = o.attempts + 1
+                 ",
+            the_locked_rows!(),
+            "
+                 RETURNING o.partition, o.id, o.message_id, o.attempts
+             ), owned AS (
                  -- A count per job, not EXISTS (nor LIMIT 1): a generic plan made while the
                  -- ledger was small hashed the whole ledger for EXISTS at every call, and
                  -- with a LIMIT it read the ledger sequentially until the first match.
-                 SELECT l.partition, l.id, a.accepted
-                 FROM locked l CROSS JOIN LATERAL (
-                     SELECT count(*) > 0 AS accepted FROM ledger g
-                     WHERE g.message_id = l.message_id) a
-             ), owned AS (
-                 UPDATE outbox o
-                 SET attempts = o.attempts + 1,
-                     status = CASE WHEN c.accepted THEN 'DONE' ELSE o.status END,
-                     lease = CASE WHEN c.accepted THEN NULL ELSE gen_random_uuid() END,
-                     lease_until = CASE WHEN c.accepted THEN NULL
-                                        ELSE now() + make_interval(secs => $4) END
-                 FROM checked c WHERE o.partition = c.partition AND o.id = c.id
-                 RETURNING o.partition, o.id, o.message_id, o.attempts, c.accepted, o.lease
+                 SELECT done.partition, done.id, done.message_id, done.attempts,
+                        a.accepted, gen_random_uuid() AS lease
+                 FROM done CROSS JOIN LATERAL (
+                     SELECT count(*) > 0 AS accepted FROM ledger l
+                     WHERE l.message_id = done.message_id) a
              ), claimed AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, 'CLAIMED',
                         jsonb_build_object('worker', $3::text, 'outbox_id', id,
                                            'attempt', attempts)
                  FROM owned WHERE NOT accepted
+             ), in_flight AS (
+                 INSERT INTO in_flight_sends (message_id, partition, outbox_id, lease, lease_until)
+                 SELECT message_id, partition, id, lease, now() + make_interval(secs => $4)
+                 FROM owned WHERE NOT accepted
+                 ON CONFLICT (message_id) DO UPDATE
+                     SET partition = EXCLUDED.partition, outbox_id = EXCLUDED.outbox_id,
+                         claimed_at = now(), lease = EXCLUDED.lease,
+                         lease_until = EXCLUDED.lease_until
              )
              SELECT owned.partition, owned.id, m.id, m.recipient, m.body, owned.accepted,
-                    owned.attempts, owned.lease
+                    owned.attempts, CASE WHEN owned.accepted THEN NULL ELSE owned.lease END
              FROM owned CROSS JOIN LATERAL (
                  SELECT m.id, m.recipient, m.body FROM messages m
-                 WHERE m.id = owned.message_id OFFSET 0) m",
-        )
+                 WHERE m.id = owned.message_id OFFSET 0) m"
+        ))
         .bind(&partitions)
         .bind(&ids)
         .bind(worker)
@@ -174,25 +166,13 @@ pub struct AcceptedEffect {
     pub message_id: Uuid,
     pub idempotency_key: String,
     pub receipt: ProviderReceipt,
-    /// The claim the call was made under: its outbox row becomes DONE if the lease still
-    /// holds. `None` records the effect alone.
-    pub claim: Option<Claim>,
-}
-
-/// An attempt's claim: its outbox row and the lease token its confirm took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Claim {
-    pub partition: u32,
-    pub outbox_id: i64,
-    pub lease: Uuid,
 }
 
 /// [`record_accepted`] for many effects in one statement (group commit): ledger rows (ON
-/// CONFLICT DO NOTHING), ACCEPTED events, and each claim whose lease still holds settled (its
-/// outbox row DONE, the lease gone). The ledger row and the event are written whatever the
-/// lease: the provider took the effect. A ledger row records when the effect's first attempt
-/// started (its message's first CLAIMED): receipts are matched to it by that time. Answers,
-/// per effect in input order, whether its ledger row is new.
+/// CONFLICT DO NOTHING), ACCEPTED events, the sends no longer in flight and now awaiting their
+/// receipts. A ledger row records when the effect's first attempt started (its message's
+/// first CLAIMED): receipts are matched to it by that time. Answers, per effect in input
+/// order, whether its ledger row is new.
 pub async fn record_accepted_batch(
     pool: &PgPool,
     effects: &[AcceptedEffect],
@@ -207,10 +187,6 @@ pub async fn record_accepted_batch(
         .iter()
         .map(|e| e.receipt.provider_id.as_str())
         .collect();
-    let claims: Vec<&Claim> = effects.iter().filter_map(|e| e.claim.as_ref()).collect();
-    let claim_partitions: Vec<i32> = claims.iter().map(|c| c.partition as i32).collect();
-    let claim_ids: Vec<i64> = claims.iter().map(|c| c.outbox_id).collect();
-    let claim_leases: Vec<Uuid> = claims.iter().map(|c| c.lease).collect();
     let inserted: Vec<String> = measured(
         Operation::LedgerWrite,
         sqlx::query_scalar(
@@ -231,21 +207,13 @@ pub async fn record_accepted_batch(
                  ORDER BY idempotency_key
                  ON CONFLICT (idempotency_key) DO NOTHING
                  RETURNING idempotency_key, message_id, gateway, provider_id
-             ), held AS (
-                 -- Locked in (partition, id) order, as the confirm and renew_leases lock
-                 -- them: the same rows taken in different orders deadlock.
-                 SELECT x.partition, x.id
-                 FROM (SELECT * FROM UNNEST($5::int[], $6::bigint[], $7::uuid[])
-                           AS c(partition, id, lease)
-                       ORDER BY partition, id) k
-                 CROSS JOIN LATERAL (
-                     SELECT o.partition, o.id FROM outbox o
-                     WHERE o.partition = k.partition AND o.id = k.id AND o.lease = k.lease
-                     OFFSET 0
-                     FOR UPDATE OF o) x
              ), settled AS (
-                 UPDATE outbox o SET status = 'DONE', lease = NULL, lease_until = NULL
-                 FROM held h WHERE o.partition = h.partition AND o.id = h.id
+                 -- Locked in message order, as renew_leases locks them: a renewal and this
+                 -- delete taking the same rows in different orders deadlocked.
+                 DELETE FROM in_flight_sends s
+                 USING (SELECT message_id FROM in_flight_sends WHERE message_id = ANY($2)
+                        ORDER BY message_id FOR UPDATE) l
+                 WHERE s.message_id = l.message_id
              ), accepted AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, 'ACCEPTED',
@@ -258,9 +226,6 @@ pub async fn record_accepted_batch(
         .bind(&ids)
         .bind(&gateways)
         .bind(&provider_ids)
-        .bind(&claim_partitions)
-        .bind(&claim_ids)
-        .bind(&claim_leases)
         .fetch_all(pool),
     )
     .await?;
@@ -291,22 +256,20 @@ pub struct ProviderReceipt {
     pub provider_id: String,
 }
 
-/// Inserts the ledger row for the effect and appends ACCEPTED, in one statement, and settles
-/// `claim` (its outbox row DONE) if its lease still holds; the send now awaits its receipt. A
-/// second write of the same effect (same idempotency key) adds no ledger row and returns
-/// false. The batch statement ([`record_accepted_batch`]) for one effect.
+/// Inserts the ledger row for the effect and appends ACCEPTED, in one statement; the send is
+/// no longer in flight and now awaits its receipt. A second write of the same effect (same
+/// idempotency key) changes nothing and returns false. The batch statement
+/// ([`record_accepted_batch`]) for one effect.
 pub async fn record_accepted(
     pool: &PgPool,
     message_id: Uuid,
     idempotency_key: &str,
     receipt: &ProviderReceipt,
-    claim: Option<Claim>,
 ) -> Result<bool, StoreError> {
     let effect = AcceptedEffect {
         message_id,
         idempotency_key: idempotency_key.to_owned(),
         receipt: receipt.clone(),
-        claim,
     };
     let inserted = record_accepted_batch(pool, &[effect]).await?;
     Ok(inserted.first().copied().unwrap_or(false))
@@ -319,8 +282,8 @@ pub enum RetryOutcome {
     Scheduled,
     /// The row used its last attempt, the provider surely has no effect, and it is DEAD.
     Dead,
-    /// The row is not held under this attempt's lease any more (someone else moved it, or the
-    /// lease ran out and the claim was re-driven or taken over); nothing changed.
+    /// The row was not DONE under this attempt's lease (someone else moved it, or the lease
+    /// ran out and the claim was re-driven); nothing changed.
     NotOwned,
 }
 
@@ -347,7 +310,7 @@ pub struct RetryOf<'a> {
     pub end: AttemptEnd,
 }
 
-/// Returns a claimed send row to PENDING, due after `backoff`, and appends RETRYING with the
+/// Returns a DONE send row to PENDING, due after `backoff`, and appends RETRYING with the
 /// reason. A row that used `max_attempts` and whose last attempt surely had no effect becomes
 /// DEAD with a DEAD event; one whose outcome is unknown stays PENDING (its next attempt
 /// settles it by asking the provider). Fenced by the attempt's lease.
@@ -361,14 +324,19 @@ pub async fn schedule_retry(
     let status: Option<String> = measured(
         Operation::Retry,
         sqlx::query_scalar(
-            "WITH moved AS (
+            "WITH leased AS (
+                 DELETE FROM in_flight_sends s
+                 WHERE s.outbox_id = $2 AND s.partition = $1 AND s.lease = $6
+                 RETURNING s.message_id
+             ), moved AS (
                  UPDATE outbox o
                  SET status = CASE WHEN o.attempts >= $5 AND NOT $7 THEN 'DEAD' ELSE 'PENDING' END,
                      available_at = now() + make_interval(secs => $4),
-                     claimed_at = NULL, lease = NULL, lease_until = NULL,
+                     claimed_at = NULL,
                      last_error = $3
-                 WHERE o.partition = $1 AND o.id = $2 AND o.lease = $6
-                   AND o.status IN ('PROCESSING', 'PUBLISHED')
+                 FROM leased
+                 WHERE o.partition = $1 AND o.id = $2 AND o.status = 'DONE'
+                   AND o.message_id = leased.message_id
                  RETURNING o.id, o.message_id, o.attempts, o.status
              ), event AS (
                  INSERT INTO message_events (message_id, state, detail)
@@ -402,42 +370,35 @@ pub async fn schedule_retry(
     })
 }
 
-/// Extends the leases of claims whose provider calls (or outcome writes) are still running to
-/// `lease` from now, in one statement. Answers how many are still held: a claim the poller
-/// already re-drove, or another attempt took over, is not renewed.
+/// Extends the leases of claims whose provider calls (or outcome writes) are still running,
+/// `(message id, lease token)` each, to `lease` from now, in one statement. Answers how many
+/// are still held: a claim the poller already re-drove is not renewed.
 pub async fn renew_leases(
     pool: &PgPool,
-    held: &[Claim],
+    held: &[(Uuid, Uuid)],
     lease: Duration,
 ) -> Result<u64, StoreError> {
     if held.is_empty() {
         return Ok(0);
     }
-    let partitions: Vec<i32> = held.iter().map(|c| c.partition as i32).collect();
-    let ids: Vec<i64> = held.iter().map(|c| c.outbox_id).collect();
-    let leases: Vec<Uuid> = held.iter().map(|c| c.lease).collect();
+    let messages: Vec<Uuid> = held.iter().map(|(m, _)| *m).collect();
+    let leases: Vec<Uuid> = held.iter().map(|(_, l)| *l).collect();
     let done = measured(
         Operation::Renew,
         sqlx::query(
-            // Rows are locked in (partition, id) order, as the confirm and
-            // record_accepted_batch lock them: taking them in the plan's order deadlocked
-            // with the outcome writes under load.
+            // Rows are locked in message order, as record_accepted_batch locks the ones it
+            // deletes: taking them in the plan's order deadlocked with it under load.
             "WITH held AS (
-                 SELECT x.partition, x.id
-                 FROM (SELECT * FROM UNNEST($1::int[], $2::bigint[], $3::uuid[])
-                           AS h(partition, id, lease)
-                       ORDER BY partition, id) k
-                 CROSS JOIN LATERAL (
-                     SELECT o.partition, o.id FROM outbox o
-                     WHERE o.partition = k.partition AND o.id = k.id AND o.lease = k.lease
-                     OFFSET 0
-                     FOR UPDATE OF o) x
+                 SELECT s.message_id FROM in_flight_sends s
+                 JOIN UNNEST($1::uuid[], $2::uuid[]) AS h(message_id, lease)
+                   ON s.message_id = h.message_id AND s.lease = h.lease
+                 ORDER BY s.message_id
+                 FOR UPDATE OF s
              )
-             UPDATE outbox o SET lease_until = now() + make_interval(secs => $4)
-             FROM held h WHERE o.partition = h.partition AND o.id = h.id",
+             UPDATE in_flight_sends s SET lease_until = now() + make_interval(secs => $3)
+             FROM held WHERE s.message_id = held.message_id",
         )
-        .bind(&partitions)
-        .bind(&ids)
+        .bind(&messages)
         .bind(&leases)
         .bind(lease.as_secs_f64())
         .execute(pool),
@@ -448,29 +409,21 @@ pub async fn renew_leases(
 
 /// Appends FAILED with the reason: the message will not be sent, because the provider refused
 /// its content for good. The event says so (`cause: content`), which is how a proof tells a
-/// rejection the caller caused from a failure of Herald's. `claim`, if its lease still
-/// holds, is settled (its outbox row DONE).
+/// rejection the caller caused from a failure of Herald's.
 pub async fn record_failed(
     pool: &PgPool,
     message_id: Uuid,
-    claim: Option<Claim>,
     reason: &str,
 ) -> Result<(), StoreError> {
     measured(
         Operation::Fail,
         sqlx::query(
-            "WITH settled AS (
-                 UPDATE outbox SET status = 'DONE', lease = NULL, lease_until = NULL
-                 WHERE partition = $3 AND id = $4 AND lease = $5
-             )
+            "WITH settled AS (DELETE FROM in_flight_sends WHERE message_id = $1)
              INSERT INTO message_events (message_id, state, detail)
              VALUES ($1, 'FAILED', jsonb_build_object('reason', $2::text, 'cause', 'content'))",
         )
         .bind(message_id)
         .bind(reason)
-        .bind(claim.map(|c| c.partition as i32))
-        .bind(claim.map(|c| c.outbox_id))
-        .bind(claim.map(|c| c.lease))
         .execute(pool),
     )
     .await?;

@@ -233,8 +233,7 @@ pub async fn mark_published(pool: &PgPool, fence: Fence, ids: &[i64]) -> Result<
 
 /// Returns claimed rows that could not be published to PENDING (a claim charged no attempt,
 /// so an outage of the queue store never pushes rows towards DEAD). Only rows this fence claimed (PROCESSING, or PUBLISHED by a
-/// [`ClaimAs::Published`] claim) move; one a worker already finished stays DONE, and one a
-/// worker holds under a claim lease stays with it.
+/// [`ClaimAs::Published`] claim) move; one a worker already finished stays DONE.
 pub async fn release_unpublished(
     pool: &PgPool,
     fence: Fence,
@@ -247,7 +246,6 @@ pub async fn release_unpublished(
                  SELECT id FROM outbox
                  WHERE partition = $1 AND id = ANY($3)
                    AND status IN ('PROCESSING', 'PUBLISHED') AND claimed_epoch = $2
-                   AND lease IS NULL
                    AND EXISTS (SELECT 1 FROM partition_leases l
                                WHERE l.partition = $1 AND l.epoch = $2)
                  ORDER BY id
@@ -303,8 +301,7 @@ impl LostBefore {
 }
 
 /// Moves PROCESSING/PUBLISHED rows claimed longer than `stale_after` ago, and before their job
-/// type's `lost_before`, and held by no claim lease, back to PENDING, uncharged: no worker
-/// confirmed them (a confirmed one is [`redrive_stale_claims`]' business), so no provider
+/// type's `lost_before`, back to PENDING, uncharged: no worker confirmed them, so no provider
 /// call was made for that claim, and a job its queue store lost is no fault of the message.
 /// Such a row never becomes DEAD here. Nothing is deleted. A job
 /// waiting in a long stream is not stale: the poller passes the age of each store's oldest
@@ -357,7 +354,6 @@ pub async fn redrive_stale_many(
                  CROSS JOIN LATERAL (
                      SELECT o.partition, o.id FROM outbox o
                      WHERE o.partition = h.partition AND o.status IN ('PROCESSING', 'PUBLISHED')
-                       AND o.lease IS NULL
                        AND o.claimed_at < now() - make_interval(secs => $3)
                        AND o.claimed_at < CASE o.job_type WHEN 'send' THEN h.send_before
                                                           ELSE h.status_before END
@@ -397,7 +393,6 @@ pub async fn redrive_orphaned(pool: &PgPool, fence: Fence) -> Result<u64, StoreE
             "UPDATE outbox SET status = 'PENDING', claimed_at = NULL,
                                last_error = 'claimed by a previous owner, never published'
              WHERE partition = $1 AND status = 'PROCESSING' AND claimed_epoch < $2
-               AND lease IS NULL
                AND EXISTS (SELECT 1 FROM partition_leases l
                            WHERE l.partition = $1 AND l.epoch = $2)",
         )
@@ -416,9 +411,7 @@ pub const UNLEASED_CLAIM_STALE_AFTER: Duration = Duration::from_secs(300);
 /// Re-drives sends whose worker wrote CLAIMED and then stopped renewing the claim's lease
 /// before it recorded an outcome (it died or froze before, during or after the provider
 /// call): the outbox row goes back to PENDING with a RETRYING event saying the outcome is
-/// unknown; one whose effect is in the ledger already is settled DONE instead. Claims live on
-/// the outbox row (`lease`, `lease_until`); a claim a worker of an earlier version made (an
-/// `in_flight_sends` row, its outbox row DONE) is re-driven the same way. Never DEAD: the attempt was charged at the confirm, and once attempts are used up
+/// unknown. Never DEAD: the attempt was charged at the confirm, and once attempts are used up
 /// the next one asks the provider by key. The next attempt carries the same idempotency key,
 /// so a call the provider did take is not doubled; the frozen worker's own later writes
 /// present a lease that no longer exists and change nothing.
@@ -460,42 +453,15 @@ pub async fn redrive_stale_claims_many(
                    AND o.status = 'DONE'
                    AND NOT EXISTS (SELECT 1 FROM ledger l WHERE l.message_id = stale.message_id)
                  RETURNING o.partition, o.id, o.message_id, o.status, o.attempts
-             ), expired AS (
-                 -- Index-wise the in-flight rows of the partition only (the partial index
-                 -- on PROCESSING/PUBLISHED rows).
-                 SELECT x.partition, x.id, x.settled
-                 FROM held h
-                 CROSS JOIN LATERAL (
-                     SELECT o.partition, o.id,
-                            (SELECT count(*) > 0 FROM ledger l
-                             WHERE l.message_id = o.message_id) AS settled
-                     FROM outbox o
-                     WHERE o.partition = h.partition AND o.status IN ('PROCESSING', 'PUBLISHED')
-                       AND o.lease_until < now()
-                     FOR UPDATE OF o SKIP LOCKED
-                 ) x
-             ), moved_leased AS (
-                 UPDATE outbox o
-                 SET status = CASE WHEN e.settled THEN 'DONE' ELSE 'PENDING' END,
-                     claimed_at = CASE WHEN e.settled THEN o.claimed_at END,
-                     lease = NULL, lease_until = NULL,
-                     last_error = CASE WHEN e.settled THEN o.last_error
-                                  ELSE 'claim lease expired: the worker recorded no outcome' END
-                 FROM expired e
-                 WHERE o.partition = e.partition AND o.id = e.id
-                 RETURNING o.partition, o.id, o.message_id, o.status, o.attempts
-             ), all_moved AS (
-                 SELECT * FROM moved
-                 UNION ALL SELECT * FROM moved_leased WHERE status = 'PENDING'
              ), events AS (
                  INSERT INTO message_events (message_id, state, detail)
                  SELECT message_id, 'RETRYING',
                         jsonb_build_object('reason', 'claim lease expired: the worker recorded no outcome',
                                            'attempt', attempts, 'outbox_id', id,
                                            'outcome', 'unknown')
-                 FROM all_moved
+                 FROM moved
              )
-             SELECT partition, status, count(*) FROM all_moved GROUP BY partition, status",
+             SELECT partition, status, count(*) FROM moved GROUP BY partition, status",
         )
         .bind(&partitions)
         .bind(&epochs)

@@ -7,7 +7,7 @@
 //! Longer than 400 lines with its unit tests (the code is under 480): the send path from confirm
 //! to outcome is kept in one file because every branch of it must keep rules R4 and R5.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,13 +15,13 @@ use herald_core::job::Job;
 use herald_core::{send_effect_key, JobType};
 use herald_store::effects::{
     confirm_ownership_batch, recipients_of, record_failed, reject_before_claim, renew_leases,
-    schedule_retry, AcceptedEffect, AttemptEnd, Claim, OwnedSend, ProviderReceipt, RetryOf,
-    RetryOutcome,
+    schedule_retry, AcceptedEffect, AttemptEnd, OwnedSend, ProviderReceipt, RetryOf, RetryOutcome,
 };
 use herald_store::group::{GroupCommit, GroupSettings};
 use herald_store::StoreError;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use crate::metrics as m;
 use crate::provider::{ProviderClient, SubmitOutcome};
@@ -121,31 +121,31 @@ fn spawn_confirms(pool: PgPool, settings: &SendSettings) -> Confirms {
     })
 }
 
-/// This worker's claims whose outcome is not written yet.
+/// The leases of this worker's claims whose outcome is not written yet, by message.
 #[derive(Clone, Default)]
-struct Leases(Arc<Mutex<HashSet<Claim>>>);
+struct Leases(Arc<Mutex<HashMap<Uuid, Uuid>>>);
 
 /// Holds a claim's lease for renewal until dropped.
 struct HeldLease {
     leases: Leases,
-    claim: Claim,
+    message_id: Uuid,
 }
 
 impl Leases {
-    fn hold(&self, claim: Claim) -> HeldLease {
+    fn hold(&self, message_id: Uuid, lease: Uuid) -> HeldLease {
         if let Ok(mut held) = self.0.lock() {
-            held.insert(claim);
+            held.insert(message_id, lease);
         }
         HeldLease {
             leases: self.clone(),
-            claim,
+            message_id,
         }
     }
 
-    fn snapshot(&self) -> Vec<Claim> {
+    fn snapshot(&self) -> Vec<(Uuid, Uuid)> {
         self.0
             .lock()
-            .map(|held| held.iter().copied().collect())
+            .map(|held| held.iter().map(|(m, l)| (*m, *l)).collect())
             .unwrap_or_default()
     }
 
@@ -163,7 +163,7 @@ impl Leases {
             }
             match renew_leases(&pool, &held, lease).await {
                 Ok(renewed) if renewed < held.len() as u64 => {
-                    // Written meanwhile (the outcome cleared the lease), re-driven or taken over.
+                    // Written meanwhile (the lease is gone with its in-flight row), or re-driven.
                     tracing::debug!(held = held.len(), renewed, "some claims were not renewed");
                 }
                 Ok(_) => {}
@@ -178,7 +178,7 @@ impl Leases {
 impl Drop for HeldLease {
     fn drop(&mut self) {
         if let Ok(mut held) = self.leases.0.lock() {
-            held.remove(&self.claim);
+            held.remove(&self.message_id);
         }
     }
 }
@@ -311,12 +311,7 @@ impl SendHandler {
             outcome("already_accepted");
             return Ok(());
         };
-        let claim = Claim {
-            partition: job.partition,
-            outbox_id: job.outbox_id,
-            lease,
-        };
-        let _renewed = self.leases.hold(claim);
+        let _renewed = self.leases.hold(owned.message_id, lease);
         let key = send_effect_key(owned.message_id);
         let settling = owned.attempt > self.settings.max_attempts as i32;
         let answer = if settling {
@@ -338,7 +333,6 @@ impl SendHandler {
                         gateway,
                         provider_id,
                     },
-                    claim: Some(claim),
                 };
                 let inserted = self.recorder.record(effect).await?;
                 outcome(if inserted {
@@ -351,7 +345,7 @@ impl SendHandler {
             SubmitOutcome::Rejected { reason } => {
                 tracing::warn!(%reason, "provider rejected the message for good");
                 with_retries(cancel, || {
-                    record_failed(&self.pool, owned.message_id, Some(claim), &reason)
+                    record_failed(&self.pool, owned.message_id, &reason)
                 })
                 .await?;
                 outcome("rejected");

@@ -104,7 +104,7 @@ async fn concurrent_batches_confirm_and_send_each_job_once() {
         "one attempt charged per message"
     );
     assert_eq!(
-        count(&pool, "SELECT count(*) FROM outbox WHERE lease IS NOT NULL").await,
+        count(&pool, "SELECT count(*) FROM in_flight_sends").await,
         0
     );
     let stats: serde_json::Value = reqwest::get(format!("{sim_url}/v1/stats"))

@@ -307,7 +307,7 @@ fn capacity_drain_and_idle_report_what_they_measured() {
     let wal = &cost["wal_by_table"];
     assert!(wal["covered"].as_f64().unwrap() > 0.99, "{wal}");
     let tables = wal["per_message"].as_object().unwrap();
-    for table in ["outbox", "message_events", "ledger", "receipts"] {
+    for table in ["outbox", "message_events", "ledger", "in_flight_sends"] {
         assert!(
             tables[table]["bytes"].as_f64().unwrap() > 0.0,
             "{table}: {wal}"

@@ -8,7 +8,7 @@ use herald_core::send_effect_key;
 use herald_store::accept::accept_messages;
 use herald_store::effects::{
     confirm_ownership, record_accepted, record_failed, renew_leases, schedule_retry, AttemptEnd,
-    Claim, OwnedSend, ProviderReceipt, RetryOf, RetryOutcome,
+    ProviderReceipt, RetryOf, RetryOutcome,
 };
 use herald_store::leases::take_over;
 use herald_store::messages::message_with_history;
@@ -26,24 +26,6 @@ fn retry_of(job: &herald_core::job::Job, lease: uuid::Uuid, end: AttemptEnd) -> 
         reason: "503",
         end,
     }
-}
-
-/// The claim a confirm took on `job`'s outbox row (None: nothing in flight).
-fn claim_of(job: &herald_core::job::Job, owned: &OwnedSend) -> Option<Claim> {
-    owned.lease.map(|lease| Claim {
-        partition: job.partition,
-        outbox_id: job.outbox_id,
-        lease,
-    })
-}
-
-/// An outbox row's status and claim lease.
-async fn outbox_row(pool: &sqlx::PgPool, outbox_id: i64) -> (String, Option<uuid::Uuid>) {
-    sqlx::query_as("SELECT status, lease FROM outbox WHERE id = $1")
-        .bind(outbox_id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 fn states(view: &herald_store::messages::MessageView) -> Vec<&str> {
@@ -67,13 +49,7 @@ async fn confirm_then_accept_writes_one_effect_however_often_it_is_repeated() {
     assert_eq!(owned.message_id, sent.id);
     assert_eq!(owned.recipient, sent.recipient);
     assert!(!owned.already_accepted);
-    // The claim's lease is on the row; its status is left as the poller wrote it.
-    assert_eq!(
-        outbox_row(&pool, job.outbox_id).await,
-        ("PROCESSING".to_owned(), owned.lease)
-    );
-    // A second copy of the job finds the row held under the first one's lease and gets
-    // nothing.
+    // A second copy of the job finds the row DONE and gets nothing.
     assert!(confirm_ownership(&pool, 2, job.outbox_id, "w2", LEASE)
         .await
         .unwrap()
@@ -84,16 +60,10 @@ async fn confirm_then_accept_writes_one_effect_however_often_it_is_repeated() {
         gateway: "gw-a".to_owned(),
         provider_id: "17".to_owned(),
     };
-    let claim = claim_of(&job, &owned);
-    assert!(record_accepted(&pool, sent.id, &key, &receipt, claim)
+    assert!(record_accepted(&pool, sent.id, &key, &receipt)
         .await
         .unwrap());
-    assert_eq!(
-        outbox_row(&pool, job.outbox_id).await,
-        ("DONE".to_owned(), None),
-        "the outcome settles the claim"
-    );
-    assert!(!record_accepted(&pool, sent.id, &key, &receipt, claim)
+    assert!(!record_accepted(&pool, sent.id, &key, &receipt)
         .await
         .unwrap());
     assert_eq!(count(&pool, "SELECT count(*) FROM ledger").await, 1);
@@ -125,7 +95,7 @@ async fn a_failed_call_is_retried_then_dead_and_an_accepted_message_is_not_claim
         .await
         .unwrap();
     assert_eq!(outcome, RetryOutcome::Scheduled);
-    // Only a row held under its lease can be scheduled again.
+    // Only a DONE row under its lease can be scheduled again.
     let again = schedule_retry(&pool, &no_effect, Duration::ZERO, 2)
         .await
         .unwrap();
@@ -162,7 +132,6 @@ async fn a_failed_call_is_retried_then_dead_and_an_accepted_message_is_not_claim
             gateway: "gw-b".to_owned(),
             provider_id: "1".to_owned(),
         },
-        None,
     )
     .await
     .unwrap();
@@ -173,20 +142,13 @@ async fn a_failed_call_is_retried_then_dead_and_an_accepted_message_is_not_claim
         .unwrap();
     assert!(owned.already_accepted);
     assert_eq!(owned.lease, None, "nothing is in flight for it");
-    assert_eq!(
-        outbox_row(&pool, job.outbox_id).await,
-        ("DONE".to_owned(), None),
-        "its row is done at once"
-    );
     let view = message_with_history(&pool, other.id)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(states(&view), vec!["QUEUED", "ACCEPTED"]);
 
-    record_failed(&pool, other.id, None, "blocked")
-        .await
-        .unwrap();
+    record_failed(&pool, other.id, "blocked").await.unwrap();
     let view = message_with_history(&pool, other.id)
         .await
         .unwrap()
@@ -210,16 +172,14 @@ async fn duplicate_receipts_add_nothing_and_final_receipts_are_ordered_by_provid
         .unwrap();
     let fence = take_over(&pool, 1, "p").await.unwrap();
     let job = claim_pending(&pool, fence, 1).await.unwrap().remove(0);
-    let owned = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
+    confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
         .await
-        .unwrap()
         .unwrap();
     let provider = ProviderReceipt {
         gateway: "gw".to_owned(),
         provider_id: "9".to_owned(),
     };
-    let claim = claim_of(&job, &owned);
-    record_accepted(&pool, sent.id, &send_effect_key(sent.id), &provider, claim)
+    record_accepted(&pool, sent.id, &send_effect_key(sent.id), &provider)
         .await
         .unwrap();
 
@@ -368,19 +328,15 @@ async fn a_claim_is_redriven_only_after_its_lease_ran_out_and_the_old_lease_writ
         .zip(&owned)
         .find(|(_, o)| o.message_id == frozen.id)
         .unwrap();
-    let (live_job, live_owned) = jobs
-        .iter()
-        .zip(&owned)
-        .find(|(_, o)| o.message_id == live.id)
-        .unwrap();
-    let live_claim = claim_of(live_job, live_owned).unwrap();
-    let frozen_claim = claim_of(frozen_job, frozen_owned).unwrap();
+    let live_owned = owned.iter().find(|o| o.message_id == live.id).unwrap();
     // Within the lease nothing is re-driven.
     assert_eq!(redrive_stale_claims(&pool, fence).await.unwrap().pending, 0);
     // Only the live worker renews.
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let renewed = renew_leases(&pool, &[live_claim], short).await.unwrap();
+        let renewed = renew_leases(&pool, &[(live.id, live_owned.lease.unwrap())], short)
+            .await
+            .unwrap();
         assert_eq!(renewed, 1);
     }
     // A fence that no longer holds re-drives nothing, though the lease ran out.
@@ -414,97 +370,18 @@ async fn a_claim_is_redriven_only_after_its_lease_ran_out_and_the_old_lease_writ
         .unwrap();
     assert_eq!(outcome, RetryOutcome::NotOwned);
     assert_eq!(
-        renew_leases(&pool, &[frozen_claim], LEASE).await.unwrap(),
+        renew_leases(&pool, &[(frozen.id, frozen_owned.lease.unwrap())], LEASE)
+            .await
+            .unwrap(),
         0,
         "the old lease cannot be renewed either"
     );
-    assert_eq!(
-        outbox_row(&pool, again.outbox_id).await,
-        ("PROCESSING".to_owned(), second.lease),
-        "the second worker still owns it"
-    );
-}
-
-/// An expired claim whose effect is in the ledger (the worker recorded it, then its settle was
-/// lost to a stale lease) is settled DONE, not sent again; a claim a worker of an earlier
-/// version made (its row DONE, the lease in `in_flight_sends`) is still re-driven.
-#[tokio::test]
-async fn expired_claims_are_settled_by_the_ledger_and_claims_of_earlier_workers_are_redriven() {
-    use herald_store::outbox::redrive_stale_claims;
-
-    let (_pg, pool) = migrated(4).await;
-    let recorded = message(1, None, "recorded, not settled");
-    let legacy = message(1, None, "claimed by an earlier worker");
-    accept_messages(&pool, &[recorded.clone(), legacy.clone()])
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
+        .bind(again.outbox_id)
+        .fetch_one(&pool)
         .await
         .unwrap();
-    let fence = take_over(&pool, 1, "p").await.unwrap();
-    let jobs = claim_pending(&pool, fence, 2).await.unwrap();
-    let job_of = |id| jobs.iter().find(|j| j.message_id == Some(id)).unwrap();
-    let (recorded_job, legacy_job) = (job_of(recorded.id), job_of(legacy.id));
-
-    let short = Duration::from_millis(300);
-    let owned = confirm_ownership(&pool, 1, recorded_job.outbox_id, "w", short)
-        .await
-        .unwrap()
-        .unwrap();
-    let receipt = ProviderReceipt {
-        gateway: "gw".to_owned(),
-        provider_id: "5".to_owned(),
-    };
-    // The effect is recorded without settling the claim (as a write under a lost lease).
-    record_accepted(
-        &pool,
-        recorded.id,
-        &send_effect_key(recorded.id),
-        &receipt,
-        None,
-    )
-    .await
-    .unwrap();
-    // What a worker of the earlier version wrote at its confirm, its lease run out.
-    sqlx::query("UPDATE outbox SET status = 'DONE', attempts = 1 WHERE id = $1")
-        .bind(legacy_job.outbox_id)
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO in_flight_sends (message_id, partition, outbox_id, lease, lease_until)
-         VALUES ($1, 1, $2, gen_random_uuid(), now() - interval '1 second')",
-    )
-    .bind(legacy.id)
-    .bind(legacy_job.outbox_id)
-    .execute(&pool)
-    .await
-    .unwrap();
-    tokio::time::sleep(short * 2).await;
-
-    let moved = redrive_stale_claims(&pool, fence).await.unwrap();
-    assert_eq!(
-        moved.pending, 1,
-        "only the earlier worker's claim goes back"
-    );
-    assert_eq!(
-        outbox_row(&pool, recorded_job.outbox_id).await,
-        ("DONE".to_owned(), None),
-        "its effect is in the ledger: settled"
-    );
-    assert_eq!(owned.attempt, 1);
-    let view = message_with_history(&pool, recorded.id)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(states(&view), vec!["QUEUED", "CLAIMED", "ACCEPTED"]);
-    assert_eq!(outbox_row(&pool, legacy_job.outbox_id).await.0, "PENDING");
-    assert_eq!(
-        count(&pool, "SELECT count(*) FROM in_flight_sends").await,
-        0
-    );
-    let view = message_with_history(&pool, legacy.id)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(view.events.last().unwrap().state, "RETRYING");
+    assert_eq!(status, "DONE", "the second worker still owns it");
 }
 
 /// Provider ids wrap: two sends through one gateway got the same id minutes apart. A receipt
@@ -626,7 +503,7 @@ async fn a_receipt_before_its_send_is_held_until_the_send_is_recorded() {
         gateway: "gw".to_owned(),
         provider_id: "3".to_owned(),
     };
-    record_accepted(&pool, sent.id, &key, &provider, claim_of(&send_job, &owned))
+    record_accepted(&pool, sent.id, &key, &provider)
         .await
         .unwrap();
     assert_eq!(release_held_receipts(&pool, 100).await.unwrap(), vec![1]);
@@ -681,18 +558,17 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
         provider_id: id.to_owned(),
     };
     let mut owned = Vec::new();
-    let mut claims = Vec::new();
     for job in claim_pending(&pool, fence, 3).await.unwrap() {
-        let send = confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
-            .await
-            .unwrap()
-            .unwrap();
-        owned.push(send.message_id);
-        claims.push(claim_of(&job, &send));
+        owned.push(
+            confirm_ownership(&pool, 1, job.outbox_id, "w", LEASE)
+                .await
+                .unwrap()
+                .unwrap()
+                .message_id,
+        );
     }
     assert_eq!(owned, vec![older.id, newer.id, unsettled.id]);
-    let older_key = send_effect_key(older.id);
-    record_accepted(&pool, older.id, &older_key, &provider("7"), claims[0])
+    record_accepted(&pool, older.id, &send_effect_key(older.id), &provider("7"))
         .await
         .unwrap();
     record_accepted(
@@ -700,7 +576,6 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
         unsettled.id,
         &send_effect_key(unsettled.id),
         &provider("8"),
-        claims[2],
     )
     .await
     .unwrap();
@@ -807,8 +682,7 @@ async fn a_receipt_for_a_reused_id_waits_for_its_own_send_not_the_settled_one() 
     assert!(release_held_receipts(&pool, 100).await.unwrap().is_empty());
 
     // The newer send is recorded: both are queued again and now find it.
-    let newer_key = send_effect_key(newer.id);
-    record_accepted(&pool, newer.id, &newer_key, &provider("7"), claims[1])
+    record_accepted(&pool, newer.id, &send_effect_key(newer.id), &provider("7"))
         .await
         .unwrap();
     assert_eq!(release_held_receipts(&pool, 100).await.unwrap(), vec![1, 1]);
@@ -1034,7 +908,7 @@ async fn the_reconciliation_reads_the_ledger_once_and_waits_for_open_writes() {
     };
     for m in &sent[..2] {
         assert!(
-            record_accepted(&pool, m.id, &send_effect_key(m.id), &receipt, None)
+            record_accepted(&pool, m.id, &send_effect_key(m.id), &receipt)
                 .await
                 .unwrap()
         );
@@ -1104,7 +978,7 @@ async fn the_reconciliation_reads_the_ledger_once_and_waits_for_open_writes() {
     let later: Vec<_> = (0..3).map(|i| message(i, None, "later")).collect();
     accept_messages(&pool, &later).await.unwrap();
     for m in &later {
-        record_accepted(&pool, m.id, &send_effect_key(m.id), &receipt, None)
+        record_accepted(&pool, m.id, &send_effect_key(m.id), &receipt)
             .await
             .unwrap();
     }
@@ -1173,8 +1047,7 @@ async fn send_all_as(pool: &sqlx::PgPool, n: u32, provider_id: &str) {
             .unwrap()
             .unwrap();
         let key = send_effect_key(owned.message_id);
-        let claim = claim_of(&job, &owned);
-        record_accepted(pool, owned.message_id, &key, &receipt, claim)
+        record_accepted(pool, owned.message_id, &key, &receipt)
             .await
             .unwrap();
     }

@@ -175,11 +175,7 @@ async fn the_send_worker_retries_its_writes_after_the_provider_call_through_a_po
     .await;
     let ids = herald.send(SENDS as usize, SENDS as usize, 1).await;
     herald
-        .wait_for(
-            "SELECT count(*) FROM outbox WHERE lease IS NOT NULL",
-            SENDS,
-            PATIENCE,
-        )
+        .wait_for("SELECT count(*) FROM in_flight_sends", SENDS, PATIENCE)
         .await;
     assert_eq!(count(&herald, "SELECT count(*) FROM ledger").await, 0);
 
@@ -284,11 +280,7 @@ async fn a_worker_sent_sigterm_records_every_send_in_flight_before_it_exits() {
 
     let ids = herald.send(SENDS as usize, SENDS as usize, 1).await;
     herald
-        .wait_for(
-            "SELECT count(*) FROM outbox WHERE lease IS NOT NULL",
-            SENDS,
-            PATIENCE,
-        )
+        .wait_for("SELECT count(*) FROM in_flight_sends", SENDS, PATIENCE)
         .await;
     assert_eq!(count(&herald, "SELECT count(*) FROM ledger").await, 0);
     let pid = worker.pid().expect("the worker runs");
@@ -312,11 +304,7 @@ async fn a_worker_sent_sigterm_records_every_send_in_flight_before_it_exits() {
     // Right after the exit, with no other send worker running: nothing is left to re-drive.
     assert_one_ledger_row_each(&herald, &ids).await;
     assert_eq!(
-        count(
-            &herald,
-            "SELECT count(*) FROM outbox WHERE lease IS NOT NULL"
-        )
-        .await,
+        count(&herald, "SELECT count(*) FROM in_flight_sends").await,
         0
     );
     for id in &ids {

@@ -609,11 +609,7 @@ async fn r4_a_worker_killed_after_claimed_is_redriven_and_accepted_once() {
     .await;
     let ids = send_n(&herald, "claimed", 40).await;
     herald
-        .wait_for(
-            "SELECT count(*) FROM outbox WHERE lease IS NOT NULL",
-            40,
-            MINUTE,
-        )
+        .wait_for("SELECT count(*) FROM in_flight_sends", 40, MINUTE)
         .await;
     // Every send is CLAIMED and waiting on the provider: kill the worker now.
     herald.role("send-worker").kill9().await.unwrap();
@@ -672,11 +668,7 @@ async fn r4_a_send_worker_frozen_past_its_lease_is_redriven_and_its_thaw_writes_
     // Frozen with ten calls in flight.
     let frozen = send_n(&herald, "frozen", 10).await;
     herald
-        .wait_for(
-            "SELECT count(*) FROM outbox WHERE lease IS NOT NULL",
-            10,
-            MINUTE,
-        )
+        .wait_for("SELECT count(*) FROM in_flight_sends", 10, MINUTE)
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await; // the requests have left
     herald.role("send-worker").pause().unwrap();
@@ -745,11 +737,7 @@ async fn r5_every_path_that_writes_an_effect_writes_one_row_with_one_key() {
     herald.set_faults(0.0, 1.0).await;
     let crashed = send_n(&herald, "crashed", 10).await;
     herald
-        .wait_for(
-            "SELECT count(*) FROM outbox WHERE lease IS NOT NULL",
-            10,
-            MINUTE,
-        )
+        .wait_for("SELECT count(*) FROM in_flight_sends", 10, MINUTE)
         .await;
     // The provider took all ten submits (and holds their answers back): kill the worker now.
     let deadline = std::time::Instant::now() + MINUTE;
