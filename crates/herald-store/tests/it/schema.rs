@@ -330,3 +330,61 @@ async fn a_migrate_with_nothing_to_do_waits_for_no_writer() {
         .expect("a run with nothing to do needs no lock an open write holds");
     writer.commit().await.unwrap();
 }
+
+/// The SQL names states as constants, not parameters: the outbox's partial indexes
+/// (`WHERE status = 'PENDING'`, the in-flight and DEAD ones) serve a statement only when its
+/// condition names the same constant, which a bound parameter under a generic plan does not.
+/// So the constants are tied to `herald_core`'s enums here instead: every quoted upper-case
+/// word in the store's statements and in the migrations must be a state of `MessageState` or
+/// `OutboxStatus`, and every state must be named somewhere. A misspelt state would compile,
+/// run, and match nothing.
+#[test]
+fn every_state_the_sql_names_is_one_of_the_enums() {
+    use herald_core::OutboxStatus;
+    use std::collections::BTreeSet;
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    let mut folders = vec![root.join("src"), root.join("../../migrations")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "sql") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() > 20, "read {} files", files.len());
+    let known: BTreeSet<&str> = MessageState::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .chain(OutboxStatus::ALL.iter().map(|s| s.as_str()))
+        .collect();
+    // Not states: the privilege a grant names.
+    let other = ["DELETE"];
+    let mut named = BTreeSet::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        // Each `'WORD'`: a quote, three or more upper-case letters or underscores, a quote.
+        for (start, _) in text.match_indices('\'') {
+            let rest = &text[start + 1..];
+            let len = rest
+                .find(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+                .unwrap_or(rest.len());
+            let quoted = &rest[..len];
+            if len < 3 || !rest[len..].starts_with('\'') || other.contains(&quoted) {
+                continue;
+            }
+            assert!(
+                known.contains(quoted),
+                "{}: '{quoted}' is no state of MessageState or OutboxStatus",
+                file.display()
+            );
+            named.insert(quoted.to_owned());
+        }
+    }
+    let unnamed: Vec<&&str> = known.iter().filter(|s| !named.contains(**s)).collect();
+    assert!(unnamed.is_empty(), "states no SQL names: {unnamed:?}");
+}
