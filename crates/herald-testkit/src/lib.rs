@@ -82,6 +82,28 @@ pub fn free_port() -> anyhow::Result<u16> {
     anyhow::bail!("no free port in {PORTS:?} after 1,000 tries")
 }
 
+/// Every `.rs` and `.sql` file below `roots`, for tests that read the code as text; folders
+/// named in `skip` (e.g. `tests`, `target`) are not entered.
+pub fn source_files(roots: &[std::path::PathBuf], skip: &[&str]) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut folders = roots.to_vec();
+    while let Some(folder) = folders.pop() {
+        let entries = std::fs::read_dir(&folder)
+            .unwrap_or_else(|err| panic!("reading {}: {err}", folder.display()));
+        for entry in entries {
+            let path = entry.expect("a folder entry").path();
+            if path.is_dir() {
+                if !skip.iter().any(|s| path.ends_with(s)) {
+                    folders.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "sql") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
 /// Polls `check` every 50 ms until it succeeds or `timeout` passes; returns the last error.
 pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<()>
 where

@@ -344,18 +344,8 @@ fn every_state_the_sql_names_is_one_of_the_enums() {
     use std::collections::BTreeSet;
 
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    let mut folders = vec![root.join("src"), root.join("../../migrations")];
-    while let Some(folder) = folders.pop() {
-        for entry in std::fs::read_dir(&folder).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                folders.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs" || e == "sql") {
-                files.push(path);
-            }
-        }
-    }
+    let files =
+        herald_testkit::source_files(&[root.join("src"), root.join("../../migrations")], &[]);
     assert!(files.len() > 20, "read {} files", files.len());
     let known: BTreeSet<&str> = MessageState::ALL
         .iter()

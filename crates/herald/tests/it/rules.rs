@@ -521,43 +521,33 @@ async fn r3_the_proof_fails_when_an_outbox_row_is_gone() {
 fn r3_no_code_path_deletes_an_outbox_row() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut offenders = Vec::new();
-    let mut stack = vec![root.join("crates"), root.join("migrations")];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                if !path.ends_with("tests") && !path.ends_with("target") {
-                    stack.push(path);
-                }
-            } else if path.extension().is_some_and(|e| e == "rs" || e == "sql") {
-                let text = std::fs::read_to_string(&path).unwrap().to_ascii_lowercase();
-                let squeezed: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-                // Retention's deletes (herald_remove_done_jobs: rows its cursor passes, and
-                // re-driven rows behind it) remove DONE rows only: their work is done, and
-                // the proof tells them from a lost row.
-                let retention = [
-                    ("0016_retention.sql", 1),
-                    ("0018_retention_redriven.sql", 2),
-                ];
-                if let Some((_, deletes)) = retention.iter().find(|(f, _)| path.ends_with(f)) {
-                    let statements: Vec<&str> =
-                        squeezed.split("delete from outbox").skip(1).collect();
-                    assert_eq!(statements.len(), *deletes, "{}", path.display());
-                    for statement in statements {
-                        let statement = statement.split("returning").next().unwrap();
-                        assert!(
-                            statement.contains("and o.status = 'done'"),
-                            "{}: a retention delete of a row that may not be DONE: {statement}",
-                            path.display()
-                        );
-                    }
-                    continue;
-                }
-                for needle in ["delete from outbox", "truncate outbox", "drop table outbox"] {
-                    if squeezed.contains(needle) {
-                        offenders.push(format!("{}: {needle}", path.display()));
-                    }
-                }
+    let roots = [root.join("crates"), root.join("migrations")];
+    for path in herald_testkit::source_files(&roots, &["tests", "target"]) {
+        let text = std::fs::read_to_string(&path).unwrap().to_ascii_lowercase();
+        let squeezed: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        // Retention's deletes (herald_remove_done_jobs: rows its cursor passes, and
+        // re-driven rows behind it) remove DONE rows only: their work is done, and
+        // the proof tells them from a lost row.
+        let retention = [
+            ("0016_retention.sql", 1),
+            ("0018_retention_redriven.sql", 2),
+        ];
+        if let Some((_, deletes)) = retention.iter().find(|(f, _)| path.ends_with(f)) {
+            let statements: Vec<&str> = squeezed.split("delete from outbox").skip(1).collect();
+            assert_eq!(statements.len(), *deletes, "{}", path.display());
+            for statement in statements {
+                let statement = statement.split("returning").next().unwrap();
+                assert!(
+                    statement.contains("and o.status = 'done'"),
+                    "{}: a retention delete of a row that may not be DONE: {statement}",
+                    path.display()
+                );
+            }
+            continue;
+        }
+        for needle in ["delete from outbox", "truncate outbox", "drop table outbox"] {
+            if squeezed.contains(needle) {
+                offenders.push(format!("{}: {needle}", path.display()));
             }
         }
     }
