@@ -59,9 +59,22 @@ impl Default for Limits {
     }
 }
 
-/// Everything the handlers share.
+/// Everything the handlers share, behind one `Arc`: axum clones the state for every extractor
+/// and middleware layer of every request, and a clone of this is one reference count instead
+/// of one per field (its clone and drop were 2 to 3 % of the API's CPU on single accepts).
 #[derive(Clone)]
-pub struct ApiState {
+pub struct ApiState(Arc<Shared>);
+
+impl std::ops::Deref for ApiState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`ApiState`] holds.
+pub struct Shared {
     pub pool: PgPool,
     pub partitions: PartitionCount,
     pub limits: Limits,
@@ -116,7 +129,7 @@ impl ApiState {
         let receipts_pool = pool.clone();
         let wakeups = Wakeups::spawn(pool.clone(), WAKEUP_WINDOW);
         let receipt_wakeups = wakeups.clone();
-        Self {
+        Self(Arc::new(Shared {
             wakeups,
             messages: GroupCommit::spawn(
                 "accept",
@@ -147,7 +160,7 @@ impl ApiState {
             partitions,
             limits,
             credentials: Arc::new(credentials),
-        }
+        }))
     }
 }
 
