@@ -239,7 +239,8 @@ impl Handler for SendHandler {
     const JOB_TYPE: JobType = JobType::Send;
 
     /// The batched path: internal checks for the whole batch, ownership of the whole batch
-    /// confirmed in one statement (CLAIMED committed before any call), the provider called
+    /// confirmed through the confirm group commit (in one statement, or two when the group
+    /// was full; every CLAIMED committed before any call), the provider called
     /// for every job at once, and each ACCEPTED group-committed after its own call.
     async fn handle(&self, jobs: BatchJobs, cancel: CancellationToken) -> BatchAnswers {
         let mut answers = Vec::with_capacity(jobs.len());

@@ -20,13 +20,13 @@ pub async fn main(args: DevArgs) -> anyhow::Result<i32> {
     telemetry::init_logs(LogFormat::Pretty);
     let api_port = api_address(args.api_port)?.port();
     // The same deployment the load tester and the chaos steps run: servers under one folder,
-    // each role a process of this binary with its typed configuration as its `--config` file.
+    // each role a process of this binary with its typed configuration as its `--config` file,
+    // every setting at its default (the pools as the benchmarks run them, loadtest/README.md).
     let mut options = DeploymentOptions::new(std::env::current_exe()?);
     options.dir = Some(args.dir.clone());
     options.partitions = args.partitions;
     options.durable = true;
     options.api_port = Some(api_port);
-    options.poller_flags = vec!["--poll-interval=200ms".to_owned()];
     println!(
         "herald dev: starting PostgreSQL, Redis and etcd, then every role, in {}",
         args.dir.display()
