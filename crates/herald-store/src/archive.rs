@@ -4,7 +4,8 @@
 //! statement, which covers one id range (for messages, UUIDv7: an accept-time range), with a
 //! manifest beside it: the row count, the id range, the size and the SHA-256 of the file. Both
 //! are on disk (fsync) before the removal commits, so a crash in between leaves a file whose
-//! rows are still in the database too, never a removal without its file. `herald archive
+//! rows are still in the database too, never a removal without its file. Once an hour is
+//! over, its files are rolled up into files of up to 64 MB ([`ArchiveDir::roll_up`]). `herald archive
 //! verify` reads a file back and checks it against its manifest; docs/DESIGN.md ("Retention")
 //! says how to restore.
 
@@ -62,6 +63,10 @@ pub struct Manifest {
     pub bytes: u64,
     pub sha256: String,
     pub written_at: String,
+    /// For a file rolled up from the files of one hour ([`ArchiveDir::roll_up`]): their
+    /// names, in order. Empty for a file written by one removal statement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,18 +148,176 @@ impl ArchiveDir {
             bytes,
             sha256,
             written_at: written_at.to_rfc3339(),
+            parts: Vec::new(),
         };
-        let manifest_path = dir.join(format!("{name}.manifest.json"));
-        let mut out = File::create(&manifest_path).map_err(io(&manifest_path))?;
-        out.write_all(&serde_json::to_vec_pretty(&manifest).expect("a manifest serializes"))
-            .map_err(io(&manifest_path))?;
-        out.sync_all().map_err(io(&manifest_path))?;
+        write_manifest(&dir, &manifest)?;
         std::fs::rename(&partial, &path).map_err(io(&path))?;
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&dir))?;
+        sync_dir(&dir)?;
         Ok(manifest)
     }
+
+    /// Merges the files removal statements wrote in each hour before `now`'s (one per
+    /// statement, a few a second under load) into files of up to [`ROLLED_FILE_BYTES`]: their
+    /// compressed bytes one after the other (a gzip file may hold many members), with one
+    /// manifest listing the parts. Each part is verified first; an hour with a part that fails
+    /// is left as it is (and logged). The merged file and its manifest are on disk before any
+    /// part is removed, and a part some manifest already lists (a roll-up that stopped before
+    /// removing its parts) is removed without being merged again.
+    pub fn roll_up(&self, kind: Kind, now: std::time::SystemTime) -> Result<RollUp, ArchiveError> {
+        let now = chrono::DateTime::<chrono::Utc>::from(now);
+        let dir = self.root.join(kind.as_str());
+        let mut done = RollUp::default();
+        if !dir.is_dir() {
+            return Ok(done);
+        }
+        let mut parts = Vec::new();
+        let mut merged = std::collections::HashSet::new();
+        for path in manifests(&dir)? {
+            if path.parent() != Some(dir.as_path()) {
+                continue;
+            }
+            let text = std::fs::read(&path).map_err(io(&path))?;
+            match serde_json::from_slice::<Manifest>(&text) {
+                Ok(manifest) if manifest.parts.is_empty() => parts.push(manifest),
+                Ok(manifest) => merged.extend(manifest.parts),
+                Err(err) => tracing::warn!(manifest = %path.display(), error = %err,
+                    "an archive manifest that is not valid is left out of the roll-up"),
+            }
+        }
+        let prefix = format!("{}-", kind.as_str());
+        let current = now.format("%Y%m%dT%H").to_string();
+        // `<kind>-YYYYMMDDTHH…`: the hour a file was written in.
+        fn hour<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
+            name.strip_prefix(prefix).and_then(|rest| rest.get(..11))
+        }
+        let hour_of = |name: &str| hour(&prefix, name).map(str::to_owned);
+        let mut due: Vec<Manifest> = Vec::new();
+        for part in parts {
+            if merged.contains(&part.file) {
+                remove_part(&dir, &part.file)?;
+                done.leftovers_removed += 1;
+            } else if hour_of(&part.file).is_none_or(|hour| hour >= current) {
+                // This hour's: a statement may still be writing it.
+            } else if !dir.join(&part.file).exists() {
+                // A statement that stopped between its manifest and its file's rename: it did
+                // not commit, so its rows are still in the database and go into a later file.
+                tracing::warn!(manifest = %part.file, "an archive manifest without its file (a removal that did not commit) is removed");
+                remove_part(&dir, &format!("{}.partial", part.file))?;
+                remove_part(&dir, &part.file)?;
+                done.leftovers_removed += 1;
+            } else {
+                due.push(part);
+            }
+        }
+        due.sort_by(|a, b| a.file.cmp(&b.file));
+        let mut chunks: Vec<Vec<Manifest>> = Vec::new();
+        for part in due {
+            let joins = chunks.last().is_some_and(|chunk: &Vec<Manifest>| {
+                hour_of(&chunk[0].file) == hour_of(&part.file)
+                    && chunk.iter().map(|p| p.bytes).sum::<u64>() + part.bytes <= ROLLED_FILE_BYTES
+            });
+            if joins {
+                chunks.last_mut().expect("joins a chunk").push(part);
+            } else {
+                chunks.push(vec![part]);
+            }
+        }
+        for chunk in chunks.into_iter().filter(|chunk| chunk.len() > 1) {
+            if let Err(err) = chunk
+                .iter()
+                .try_for_each(|part| verify(&dir.join(&part.file)).map(drop))
+            {
+                tracing::warn!(error = %err, "an archive file does not match its manifest; its hour is not rolled up");
+                done.hours_skipped += 1;
+                continue;
+            }
+            let hour = hour_of(&chunk[0].file).expect("a due part has an hour");
+            let (first, last) = (&chunk[0], &chunk[chunk.len() - 1]);
+            let name = format!(
+                "{prefix}{hour}h-{}-{}.jsonl.gz",
+                sortable(&first.first_id),
+                sortable(&last.last_id)
+            );
+            let partial = dir.join(format!("{name}.partial"));
+            let mut out = File::create(&partial).map_err(io(&partial))?;
+            for part in &chunk {
+                let path = dir.join(&part.file);
+                let mut input = File::open(&path).map_err(io(&path))?;
+                std::io::copy(&mut input, &mut out).map_err(io(&partial))?;
+            }
+            out.sync_all().map_err(io(&partial))?;
+            drop(out);
+            let (bytes, sha256) = digest(&partial)?;
+            let manifest = Manifest {
+                format: FORMAT,
+                kind: kind.as_str().to_owned(),
+                file: name.clone(),
+                rows: chunk.iter().map(|p| p.rows).sum(),
+                first_id: first.first_id.clone(),
+                last_id: last.last_id.clone(),
+                bytes,
+                sha256,
+                written_at: chrono::Utc::now().to_rfc3339(),
+                parts: chunk.iter().map(|p| p.file.clone()).collect(),
+            };
+            std::fs::rename(&partial, dir.join(&name)).map_err(io(&partial))?;
+            write_manifest(&dir, &manifest)?;
+            sync_dir(&dir)?;
+            for part in &chunk {
+                remove_part(&dir, &part.file)?;
+            }
+            sync_dir(&dir)?;
+            done.files += 1;
+            done.parts += chunk.len() as u64;
+        }
+        Ok(done)
+    }
+}
+
+/// Most compressed bytes of a file [`ArchiveDir::roll_up`] writes: an hour's parts are merged
+/// in order into files of up to this size, so restoring one message reads at most this much.
+pub const ROLLED_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// What one [`ArchiveDir::roll_up`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollUp {
+    /// Files written, and the parts merged into them.
+    pub files: u64,
+    pub parts: u64,
+    /// Parts an earlier roll-up had merged but not yet removed.
+    pub leftovers_removed: u64,
+    /// Groups of parts left as they are because one did not match its manifest.
+    pub hours_skipped: u64,
+}
+
+/// Writes `<file>.manifest.json` beside the file, synced, through a temporary name, so a
+/// manifest on disk is always whole.
+fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), ArchiveError> {
+    let path = dir.join(format!("{}.manifest.json", manifest.file));
+    let partial = dir.join(format!("{}.manifest.json.partial", manifest.file));
+    let mut out = File::create(&partial).map_err(io(&partial))?;
+    out.write_all(&serde_json::to_vec_pretty(manifest).expect("a manifest serializes"))
+        .map_err(io(&partial))?;
+    out.sync_all().map_err(io(&partial))?;
+    std::fs::rename(&partial, &path).map_err(io(&path))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), ArchiveError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// Removes a part file and its manifest, the file first: a file left without its manifest
+/// would be found by nobody, while a manifest left without its file is found by the next
+/// roll-up (a merged file's manifest lists it) and removed then.
+fn remove_part(dir: &Path, file: &str) -> Result<(), ArchiveError> {
+    for path in [dir.join(file), dir.join(format!("{file}.manifest.json"))] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(io(&path)(err)),
+        }
+    }
+    Ok(())
 }
 
 /// An id as part of a file name that sorts like the id: numbers zero-padded.
@@ -256,27 +419,20 @@ pub fn verify(path: &Path) -> Result<Manifest, ArchiveError> {
     Ok(manifest)
 }
 
-/// Puts the rows of a verified archive file back (`path`: the file or its manifest), in one
-/// transaction; a row the database still has (a file written by a removal that did not
-/// commit) is left as it is. Answers the lines restored. Messages come back with their
-/// events and ledger rows, receipts with their parking rows.
+/// Lines restored per transaction: a rolled-up file holds up to an hour of removals.
+const RESTORE_CHUNK: usize = 1_000;
+
+/// Puts the rows of a verified archive file back (`path`: the file or its manifest), reading
+/// it as a stream and committing every [`RESTORE_CHUNK`] lines; a row the database still has
+/// (a file written by a removal that did not commit, or a restore run twice) is left as it
+/// is, so a restore that stopped half-way is finished by running it again. Answers the lines
+/// restored. Messages come back with their events and ledger rows, receipts with their
+/// parking rows.
 pub async fn restore(pool: &sqlx::PgPool, path: &Path) -> Result<u64, crate::StoreError> {
     let manifest = verify(path)?;
     let file = match path.to_str() {
         Some(p) if p.ends_with(".manifest.json") => path.with_file_name(&manifest.file),
         _ => path.to_owned(),
-    };
-    let lines: Vec<Value> = {
-        let reader = BufReader::new(MultiGzDecoder::new(File::open(&file).map_err(io(&file))?));
-        let mut lines = Vec::new();
-        for line in reader.lines() {
-            let line = line.map_err(io(&file))?;
-            lines.push(
-                serde_json::from_str(&line)
-                    .map_err(|err| ArchiveError::Mismatch(file.clone(), err.to_string()))?,
-            );
-        }
-        lines
     };
     // Each table's own record type reads its row back from the JSON PostgreSQL wrote.
     let statements: &[&str] = if manifest.kind == "messages" {
@@ -299,17 +455,33 @@ pub async fn restore(pool: &sqlx::PgPool, path: &Path) -> Result<u64, crate::Sto
              ON CONFLICT DO NOTHING",
         ]
     };
-    let mut tx = pool.begin().await?;
-    for line in &lines {
-        for statement in statements {
-            sqlx::query(statement)
-                .bind(sqlx::types::Json(line))
-                .execute(&mut *tx)
-                .await?;
+    let reader = BufReader::new(MultiGzDecoder::new(File::open(&file).map_err(io(&file))?));
+    let mut lines = reader.lines();
+    let mut restored = 0u64;
+    loop {
+        let mut chunk: Vec<Value> = Vec::with_capacity(RESTORE_CHUNK);
+        for line in lines.by_ref().take(RESTORE_CHUNK) {
+            let line = line.map_err(io(&file))?;
+            chunk.push(
+                serde_json::from_str(&line)
+                    .map_err(|err| ArchiveError::Mismatch(file.clone(), err.to_string()))?,
+            );
         }
+        if chunk.is_empty() {
+            return Ok(restored);
+        }
+        let mut tx = pool.begin().await?;
+        for line in &chunk {
+            for statement in statements {
+                sqlx::query(statement)
+                    .bind(sqlx::types::Json(line))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        restored += chunk.len() as u64;
     }
-    tx.commit().await?;
-    Ok(lines.len() as u64)
 }
 
 /// Every manifest under `path` (a directory, searched recursively), or `path` itself.
@@ -364,5 +536,98 @@ mod tests {
         assert!(matches!(verify(&file), Err(ArchiveError::Mismatch(..))));
         std::fs::remove_file(&file).unwrap();
         assert!(matches!(verify(&found[0]), Err(ArchiveError::Io { .. })));
+    }
+
+    fn receipts(ids: std::ops::RangeInclusive<i64>) -> Vec<Value> {
+        ids.map(|id| json!({"receipt": {"id": id}, "parking": []}))
+            .collect()
+    }
+
+    fn ids_in(path: &Path) -> Vec<i64> {
+        BufReader::new(MultiGzDecoder::new(File::open(path).unwrap()))
+            .lines()
+            .map(|line| {
+                let row: Value = serde_json::from_str(&line.unwrap()).unwrap();
+                row["receipt"]["id"].as_i64().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_hours_files_roll_up_into_one_that_verifies_and_leftovers_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = ArchiveDir::new(dir.path());
+        let kind_dir = dir.path().join("receipts");
+        for ids in [1..=2, 3..=4, 5..=5] {
+            archive.write(Kind::Receipts, &receipts(ids)).unwrap();
+        }
+        // Within the hour nothing is merged: a statement may still be writing.
+        assert_eq!(
+            archive
+                .roll_up(Kind::Receipts, std::time::SystemTime::now())
+                .unwrap(),
+            RollUp::default()
+        );
+        assert_eq!(manifests(dir.path()).unwrap().len(), 3);
+
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(2 * 3600);
+        let done = archive.roll_up(Kind::Receipts, later).unwrap();
+        assert_eq!((done.files, done.parts), (1, 3));
+        let found = manifests(dir.path()).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        let rolled = verify(&found[0]).unwrap();
+        assert_eq!(
+            (
+                rolled.rows,
+                rolled.first_id.as_str(),
+                rolled.last_id.as_str()
+            ),
+            (5, "1", "5")
+        );
+        assert_eq!(rolled.parts.len(), 3);
+        assert_eq!(ids_in(&kind_dir.join(&rolled.file)), vec![1, 2, 3, 4, 5]);
+        let names: Vec<_> = std::fs::read_dir(&kind_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "the file and its manifest: {names:?}");
+
+        // A roll-up that stopped before removing its parts: the next removes them, unmerged.
+        let part = &rolled.parts[0];
+        let leftover = Manifest {
+            file: part.clone(),
+            parts: Vec::new(),
+            ..rolled.clone()
+        };
+        write_manifest(&kind_dir, &leftover).unwrap();
+        std::fs::write(kind_dir.join(part), b"stale").unwrap();
+        let again = archive.roll_up(Kind::Receipts, later).unwrap();
+        assert_eq!((again.files, again.leftovers_removed), (0, 1));
+        assert!(!kind_dir.join(part).exists());
+        assert_eq!(manifests(dir.path()).unwrap().len(), 1);
+        assert_eq!(verify(&found[0]).unwrap(), rolled);
+    }
+
+    #[test]
+    fn a_part_that_fails_its_manifest_keeps_its_hour_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = ArchiveDir::new(dir.path());
+        let first = archive.write(Kind::Receipts, &receipts(1..=3)).unwrap();
+        archive.write(Kind::Receipts, &receipts(4..=6)).unwrap();
+        let path = dir.path().join("receipts").join(&first.file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(2 * 3600);
+        let done = archive.roll_up(Kind::Receipts, later).unwrap();
+        assert_eq!((done.files, done.hours_skipped), (0, 1));
+        assert_eq!(manifests(dir.path()).unwrap().len(), 2);
+
+        // A manifest whose file never arrived (its statement did not commit) is removed.
+        std::fs::remove_file(&path).unwrap();
+        let done = archive.roll_up(Kind::Receipts, later).unwrap();
+        assert_eq!(done.leftovers_removed, 1);
+        assert_eq!(manifests(dir.path()).unwrap().len(), 1);
     }
 }

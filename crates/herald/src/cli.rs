@@ -201,8 +201,9 @@ pub enum ArchiveCommand {
         #[arg(required = true)]
         paths: Vec<std::path::PathBuf>,
     },
-    /// Put the rows of archive files back (each verified first, each in one transaction);
-    /// rows the database still has are left as they are.
+    /// Put the rows of archive files back (each verified first, 1,000 lines a transaction);
+    /// rows the database still has are left as they are, so running it again finishes a
+    /// restore that stopped.
     Restore {
         /// PostgreSQL URL of the Herald database.
         #[arg(long, hide_env_values = true, env = "HERALD_DATABASE_URL")]
