@@ -76,11 +76,15 @@ pub struct PollerConfig {
     /// Rows claimed per statement.
     #[arg(long, env = "HERALD_POLLER_BATCH_SIZE", default_value_t = 500)]
     pub batch_size: u32,
-    /// Batches drained from one partition before it yields.
+    /// Batches drained from one partition before it yields, when --publish-concurrency is
+    /// above 0 (the shared drain round claims one batch per partition per round).
     #[arg(long, env = "HERALD_POLLER_MAX_BATCHES_PER_TICK", default_value_t = 20)]
     pub max_batches_per_tick: u32,
-    /// Most batches being published at once over all owned partitions (0: no limit, every
-    /// partition publishes on its own). 1 is the serial publisher of Herald's first version.
+    /// 0: every owned partition's claim and publish go through one shared drain round (up to
+    /// 32 partitions claimed in one statement and published in one pipeline per queue store,
+    /// two rounds in flight). Above 0: each partition claims, publishes and marks on its own,
+    /// at most this many batches published at once; 1 is the serial publisher of Herald's
+    /// first version.
     #[arg(long, env = "HERALD_POLLER_PUBLISH_CONCURRENCY", default_value_t = 0)]
     pub publish_concurrency: usize,
     /// How long a claim that starts alone waits for other partitions' claims to share its
@@ -126,12 +130,14 @@ pub struct PollerConfig {
     /// Closed messages accepted longer ago than this are removed whole, with their events
     /// and ledger rows, and so are receipts received longer ago with their replayed parking
     /// rows (0s: kept for ever). Open messages, held receipts and unresolved parked rows are
-    /// never removed. Needs --retain-done-jobs (a message goes after its send row).
+    /// never removed. Needs --retain-done-jobs, no longer than this (a message goes after
+    /// its send row).
     #[arg(long, env = "HERALD_RETAIN_MESSAGES", default_value = "30d", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub retain_messages: Duration,
     /// Write every message and receipt retention removes to this directory first, as
-    /// gzip-compressed JSON Lines with a manifest per file (`herald archive verify` checks
+    /// gzip-compressed JSON Lines with a manifest per file, one per removal statement, rolled
+    /// up into files of up to 64 MB once their hour is over (`herald archive verify` checks
     /// them). Without it, removed rows are gone.
     #[arg(long, env = "HERALD_ARCHIVE_DIR")]
     pub archive_dir: Option<PathBuf>,
@@ -139,8 +145,9 @@ pub struct PollerConfig {
     #[arg(long, env = "HERALD_MAINTENANCE_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "herald_core::config::human")]
     pub maintenance_interval: Duration,
-    /// Rows looked at per partition (retention), or messages (compaction), per statement of
-    /// the maintenance loop; a pass runs statements until nothing more is due.
+    /// Rows looked at per statement of the maintenance loop: per partition (DONE outbox
+    /// rows), or messages (compaction, message removal), or receipts; a pass runs statements
+    /// until nothing more is due.
     #[arg(long, env = "HERALD_MAINTENANCE_BATCH", default_value_t = 200)]
     pub maintenance_batch: u32,
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use herald_store::archive::ArchiveDir;
+use herald_store::archive::{ArchiveDir, Kind, RollUp};
 
 use herald_store::outbox::Fence;
 use herald_store::retention::{
@@ -40,7 +40,7 @@ pub struct RetentionSettings {
     pub messages: Option<Duration>,
     /// Time between two passes.
     pub interval: Duration,
-    /// Rows looked at per partition (retention) or messages (compaction) per statement.
+    /// Rows looked at per statement: per partition (DONE outbox rows), or messages, or receipts.
     pub batch: u32,
     /// Removed messages and receipts are first written here (`herald_store::archive`).
     pub archive: Option<PathBuf>,
@@ -64,6 +64,19 @@ pub async fn run(
     if !settings.enabled() {
         return;
     }
+    passes(pool, fence, settings, cancel).await;
+    // The gauges of a loop that stopped would otherwise keep their last value beside the next
+    // owner's: a hold this loop saw is the next owner's to report.
+    ::metrics::gauge!(m::RETENTION_WAITING).set(0.0);
+}
+
+/// The loop of passes `run` runs.
+async fn passes(
+    pool: PgPool,
+    fence: Fence,
+    settings: RetentionSettings,
+    cancel: CancellationToken,
+) {
     let archive = settings.archive.clone().map(ArchiveDir::new);
     tracing::info!(
         epoch = fence.epoch,
@@ -154,7 +167,37 @@ async fn pass(
     for (table, age) in herald_store::retention::oldest_retained(pool).await? {
         ::metrics::gauge!(m::RETENTION_OLDEST, "table" => table).set(age.unwrap_or(0.0));
     }
+    for (table, bytes) in herald_store::retention::table_sizes(pool).await? {
+        ::metrics::gauge!(m::RETENTION_TABLE_BYTES, "table" => table).set(bytes as f64);
+    }
+    if let Some(archive) = archive {
+        roll_up(archive).await;
+    }
     Ok(())
+}
+
+/// Merges the archive files of every hour that is over (one per removal statement) into a few
+/// files per hour. A failure is logged and tried again next pass: it removes nothing.
+async fn roll_up(archive: &ArchiveDir) {
+    for kind in [Kind::Messages, Kind::Receipts] {
+        let dir = archive.clone();
+        let done = tokio::task::spawn_blocking(move || dir.roll_up(kind, SystemTime::now())).await;
+        match done {
+            Ok(Ok(done)) if done != RollUp::default() => tracing::info!(
+                kind = kind.as_str(),
+                files = done.files,
+                parts = done.parts,
+                leftovers_removed = done.leftovers_removed,
+                hours_skipped = done.hours_skipped,
+                "archive files rolled up"
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(kind = kind.as_str(), error = %err, "rolling up archive files failed; next pass tries again")
+            }
+            Err(err) => tracing::warn!(error = %err, "the archive roll-up task failed"),
+        }
+    }
 }
 
 /// Waits between two batches; false when cancelled.

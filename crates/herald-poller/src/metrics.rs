@@ -19,6 +19,8 @@ pub const RETENTION_WAITING: &str = "herald_retention_waiting_partitions";
 pub const RETENTION_PASS_DURATION: &str = "herald_retention_pass_duration_seconds";
 pub const RETENTION_LAST_PASS: &str = "herald_retention_last_pass_timestamp_seconds";
 pub const RETENTION_OLDEST: &str = "herald_retention_oldest_row_age_seconds";
+/// Bytes on disk of each table retention keeps bounded, after each pass.
+pub const RETENTION_TABLE_BYTES: &str = "herald_retention_table_bytes";
 
 pub fn describe() {
     metrics::describe_counter!(CLAIMED, "Outbox rows claimed (PENDING to PROCESSING).");
@@ -83,7 +85,7 @@ pub fn describe() {
     );
     metrics::describe_gauge!(
         RETENTION_WAITING,
-        "Partitions whose DONE-row retention waits on a row older than the retention whose work is still open."
+        "Partitions whose DONE-row retention waits on a row older than the retention whose work is still open (0 once the loop stops)."
     );
     metrics::describe_histogram!(
         RETENTION_PASS_DURATION,
@@ -93,7 +95,12 @@ pub fn describe() {
     metrics::describe_gauge!(
         RETENTION_OLDEST,
         metrics::Unit::Seconds,
-        "Age of the oldest row still kept, by table (messages, outbox, receipts; 0: empty), after each maintenance pass."
+        "Age of the oldest row still kept, by table (messages, message_events, ledger, outbox, receipts, parking; 0: empty), after each maintenance pass."
+    );
+    metrics::describe_gauge!(
+        RETENTION_TABLE_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes on disk of each table retention keeps bounded (heap, indexes, TOAST, partitions summed), after each maintenance pass."
     );
     metrics::describe_gauge!(
         RETENTION_LAST_PASS,

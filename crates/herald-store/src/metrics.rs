@@ -118,7 +118,7 @@ impl Operation {
                 "Holding receipts whose send is not recorded yet, releasing or parking them."
             }
             Operation::Retention => {
-                "One retention statement: DONE outbox rows removed or histories compacted."
+                "One retention statement: DONE outbox rows, closed messages or receipts removed, or histories compacted."
             }
         }
     }

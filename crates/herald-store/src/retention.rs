@@ -227,29 +227,85 @@ pub async fn remove_receipts(
 }
 
 /// How old the oldest row still kept is, per table, in seconds (`None`: the table is empty):
-/// `messages` (by its id's accept time), `outbox` (each partition's first row), `receipts`.
-/// Each is read through a primary key's first entry, so this costs a few index probes.
+/// `messages` and `message_events` (by the message id's accept time), `ledger` (its
+/// `created_at`), `outbox` (each partition's first row), `receipts` and `parking`. Each is
+/// read through an index's first entry, so this costs a few index probes.
 pub async fn oldest_retained(
     pool: &PgPool,
 ) -> Result<Vec<(&'static str, Option<f64>)>, StoreError> {
-    let (messages, outbox, receipts): (Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+    type Ages = (
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+        Option<f64>,
+    );
+    // A UUIDv7's first 48 bits are its Unix time in milliseconds.
+    let (messages, events, ledger, outbox, receipts, parking): Ages = sqlx::query_as(
         "SELECT (SELECT extract(epoch FROM now() - m.created_at)::float8
                  FROM (SELECT created_at FROM messages ORDER BY id LIMIT 1) m),
+                (SELECT (extract(epoch FROM now()) - ('x' || lpad(left(replace(
+                        e.message_id::text, '-', ''), 12), 16, '0'))::bit(64)::bigint / 1000.0)::float8
+                 FROM (SELECT message_id FROM message_events ORDER BY message_id LIMIT 1) e),
+                (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM ledger),
                 (SELECT extract(epoch FROM now() - min(o.created_at))::float8
                  FROM generate_series(0, (SELECT value::integer FROM herald_settings
                                           WHERE name = 'partitions') - 1) p
                  CROSS JOIN LATERAL (SELECT created_at FROM outbox
                                      WHERE partition = p ORDER BY id LIMIT 1) o),
                 (SELECT extract(epoch FROM now() - r.received_at)::float8
-                 FROM (SELECT received_at FROM receipts ORDER BY id LIMIT 1) r)",
+                 FROM (SELECT received_at FROM receipts ORDER BY id LIMIT 1) r),
+                (SELECT extract(epoch FROM now() - k.parked_at)::float8
+                 FROM (SELECT parked_at FROM parking ORDER BY id LIMIT 1) k)",
     )
     .fetch_one(pool)
     .await?;
     Ok(vec![
         ("messages", messages),
+        ("message_events", events),
+        ("ledger", ledger),
         ("outbox", outbox),
         ("receipts", receipts),
+        ("parking", parking),
     ])
+}
+
+/// The tables retention keeps bounded, for [`table_sizes`].
+pub const RETAINED_TABLES: [&str; 6] = [
+    "messages",
+    "message_events",
+    "ledger",
+    "outbox",
+    "receipts",
+    "parking",
+];
+
+/// Bytes on disk of each table retention keeps bounded (heap, indexes and TOAST; the outbox's
+/// partitions summed): what removal frees shows here once vacuum has made the space reusable,
+/// as a table that stops growing.
+pub async fn table_sizes(pool: &PgPool) -> Result<Vec<(&'static str, i64)>, StoreError> {
+    let sizes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT t.name,
+                coalesce(CASE WHEN c.relkind = 'p'
+                              THEN (SELECT sum(pg_total_relation_size(p.relid))
+                                    FROM pg_partition_tree(c.oid) p WHERE p.isleaf)
+                              ELSE pg_total_relation_size(c.oid) END, 0)::bigint
+         FROM unnest($1::text[]) t(name) JOIN pg_class c ON c.oid = t.name::regclass",
+    )
+    .bind(RETAINED_TABLES.as_slice())
+    .fetch_all(pool)
+    .await?;
+    Ok(RETAINED_TABLES
+        .iter()
+        .map(|table| {
+            let bytes = sizes
+                .iter()
+                .find(|(name, _)| name == table)
+                .map_or(0, |(_, bytes)| *bytes);
+            (*table, bytes)
+        })
+        .collect())
 }
 
 /// What `herald_remove_messages` answers: fenced, examined, removed, rows removed, left open,

@@ -69,6 +69,30 @@ async fn append(pool: &PgPool, message_id: Uuid, state: &str, detail: serde_json
         .unwrap();
 }
 
+/// ACCEPTED by the provider, with its ledger row (gateway `gw`, provider id `p`).
+async fn provider_accepted(pool: &PgPool, id: Uuid) {
+    append(pool, id, "ACCEPTED", serde_json::json!({"gateway": "gw"})).await;
+    sqlx::query(
+        "INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
+         VALUES ('k-' || $1::text, $1, 'gw', 'p')",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Every message accepted two hours ago.
+async fn age_messages(pool: &PgPool) {
+    age(
+        pool,
+        "messages",
+        "messages_immutable",
+        "created_at = now() - interval '2 hours'",
+    )
+    .await;
+}
+
 async fn has_send_row(pool: &PgPool, id: Uuid) -> bool {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE message_id = $1)")
         .bind(id)
@@ -454,25 +478,11 @@ async fn closed_messages_go_whole_after_their_send_rows_and_open_ones_stay() {
     let awaiting = send_row(&pool, 2, "DONE", 2).await;
     let unknown = send_row(&pool, 1, "DONE", 2).await;
     for id in [delivered, awaiting, unknown] {
-        append(&pool, id, "ACCEPTED", serde_json::json!({"gateway": "gw"})).await;
-        sqlx::query(
-            "INSERT INTO ledger (idempotency_key, message_id, gateway, provider_id)
-             VALUES ('k-' || $1::text, $1, 'gw', 'p')",
-        )
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
+        provider_accepted(&pool, id).await;
     }
     append(&pool, delivered, "DELIVERED", serde_json::json!({})).await;
     append(&pool, unknown, "UNKNOWN", serde_json::json!({})).await;
-    age(
-        &pool,
-        "messages",
-        "messages_immutable",
-        "created_at = now() - interval '2 hours'",
-    )
-    .await;
+    age_messages(&pool).await;
     // (Message ids carry their accept time, now: the message pass is asked for everything
     // accepted until now, and the send rows' age decides.)
     let fence = take_over(&pool, 0, "maintenance").await.unwrap();
@@ -776,6 +786,39 @@ async fn removed_rows_are_archived_first_verify_against_their_manifest_and_resto
 }
 
 #[tokio::test]
+async fn an_hours_archive_files_roll_up_into_one_that_restores_the_same() {
+    let (_pg, pool) = migrated(4).await;
+    let (ids, _, fence) = removable(&pool).await;
+    let mut before = Vec::new();
+    for id in &ids {
+        before.push(message_with_history(&pool, *id).await.unwrap().unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let archive = ArchiveDir::new(dir.path());
+    // One message per statement: one file each.
+    for _ in 0..3 {
+        remove_messages(&pool, fence, Duration::ZERO, 1, Some(&archive))
+            .await
+            .unwrap();
+    }
+    assert_eq!(archive::manifests(dir.path()).unwrap().len(), 2);
+    let later = std::time::SystemTime::now() + 2 * HOUR;
+    let done = archive.roll_up(archive::Kind::Messages, later).unwrap();
+    assert_eq!((done.files, done.parts), (1, 2));
+    let files = archive::manifests(dir.path()).unwrap();
+    assert_eq!(files.len(), 1);
+    let rolled = archive::verify(&files[0]).unwrap();
+    assert_eq!(rolled.rows, 2);
+    assert_eq!(rolled.first_id, ids[0].to_string());
+
+    assert_eq!(archive::restore(&pool, &files[0]).await.unwrap(), 2);
+    for (id, was) in ids.iter().zip(&before) {
+        let now = message_with_history(&pool, *id).await.unwrap().unwrap();
+        assert_eq!(&now, was);
+    }
+}
+
+#[tokio::test]
 async fn nothing_is_removed_when_its_archive_cannot_be_written() {
     let (_pg, pool) = migrated(4).await;
     let (ids, _, fence) = removable(&pool).await;
@@ -844,4 +887,167 @@ async fn accepts_go_on_while_retention_statements_hold_their_locks() {
         assert!(message_with_history(&pool, new.id).await.unwrap().is_some());
     }
     tx.commit().await.unwrap();
+}
+
+/// Every removal statement once, with nothing young enough to be spared by its age.
+async fn every_statement(pool: &PgPool, fence: herald_store::outbox::Fence) {
+    remove_done_jobs(pool, fence, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    compact_histories(pool, fence, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    remove_messages(pool, fence, Duration::ZERO, 100, None)
+        .await
+        .unwrap();
+    remove_receipts(pool, fence, Duration::ZERO, 100, None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn open_messages_dead_rows_and_parked_input_survive_any_number_of_passes() {
+    let (_pg, pool) = migrated(4).await;
+    let ages = herald_store::retention::oldest_retained(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ages.len(), 6);
+    assert!(ages.iter().all(|(_, age)| age.is_none()), "{ages:?}");
+
+    // In id order: a closed message (it goes), then one of every open kind.
+    let closed = send_row(&pool, 0, "DONE", 2).await;
+    append(
+        &pool,
+        closed,
+        "FAILED",
+        serde_json::json!({"reason": "400"}),
+    )
+    .await;
+    let dead = send_row(&pool, 1, "DEAD", 2).await;
+    append(
+        &pool,
+        dead,
+        "DEAD",
+        serde_json::json!({"reason": "attempts"}),
+    )
+    .await;
+    let in_flight = send_row(&pool, 2, "DONE", 2).await;
+    sqlx::query(
+        "INSERT INTO in_flight_sends (message_id, partition, outbox_id, claimed_at)
+         SELECT message_id, partition, id, now() - interval '2 hours' FROM outbox
+         WHERE message_id = $1",
+    )
+    .bind(in_flight)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let awaiting = send_row(&pool, 3, "DONE", 2).await;
+    let unknown = send_row(&pool, 1, "DONE", 2).await;
+    for id in [awaiting, unknown] {
+        provider_accepted(&pool, id).await;
+    }
+    append(&pool, unknown, "UNKNOWN", serde_json::json!({})).await;
+    age_messages(&pool).await;
+    // A receipt parked and not replayed, its status job done long ago.
+    let parked = accept_receipts(
+        &pool,
+        &[NewReceipt {
+            gateway: "gw".to_owned(),
+            raw: b"{\"status\": \"NEW-WORD\"}".to_vec(),
+            content_type: Some("application/json".to_owned()),
+            partition: 0,
+        }],
+    )
+    .await
+    .unwrap()[0];
+    sqlx::query(
+        "INSERT INTO parking (job_type, receipt_id, raw, reason)
+         VALUES ('status', $1, '{\"status\": \"NEW-WORD\"}', 'unknown status')",
+    )
+    .bind(parked)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE outbox SET status = 'DONE', created_at = now() - interval '2 hours'
+         WHERE job_type = 'status'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    age(
+        &pool,
+        "receipts",
+        "receipts_immutable",
+        "received_at = now() - interval '2 hours'",
+    )
+    .await;
+    let histories = |id| {
+        let pool = pool.clone();
+        async move {
+            message_with_history(&pool, id)
+                .await
+                .unwrap()
+                .map(|view| view.events)
+        }
+    };
+    let mut before = Vec::new();
+    for id in [dead, in_flight, awaiting, unknown] {
+        before.push(histories(id).await.expect("accepted"));
+    }
+
+    let fence = take_over(&pool, 0, "maintenance").await.unwrap();
+    for _ in 0..5 {
+        every_statement(&pool, fence).await;
+    }
+
+    assert!(histories(closed).await.is_none(), "the closed message went");
+    for (id, events) in [dead, in_flight, awaiting, unknown]
+        .into_iter()
+        .zip(&before)
+    {
+        let after = histories(id).await.expect("an open message stays");
+        assert_eq!(&after, events, "{id}: its history whole, not compacted");
+    }
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM outbox WHERE status = 'DEAD'").await,
+        1
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM in_flight_sends").await,
+        1
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM ledger").await, 2);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM parking WHERE replayed_at IS NULL"
+        )
+        .await,
+        1
+    );
+    let receipts: Vec<i64> = sqlx::query_scalar("SELECT id FROM receipts")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(receipts, vec![parked]);
+
+    // What is kept is reported by its age: the aged tables about two hours, the history by its
+    // messages' ids (accepted just now).
+    let ages: std::collections::HashMap<_, _> = herald_store::retention::oldest_retained(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    for table in ["messages", "outbox", "receipts"] {
+        let age = ages[table].expect(table);
+        assert!((7_000.0..7_400.0).contains(&age), "{table}: {age}");
+    }
+    for table in ["message_events", "ledger", "parking"] {
+        let age = ages[table].expect(table);
+        assert!((0.0..600.0).contains(&age), "{table}: {age}");
+    }
+    let sizes = herald_store::retention::table_sizes(&pool).await.unwrap();
+    assert_eq!(sizes.len(), 6);
+    assert!(sizes.iter().all(|(_, bytes)| *bytes > 0), "{sizes:?}");
 }
