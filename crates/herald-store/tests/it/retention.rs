@@ -726,14 +726,25 @@ async fn removable(pool: &PgPool) -> (Vec<Uuid>, i64, herald_core::Fence) {
     (ids, receipt, fence)
 }
 
+/// Each message as `GET /v1/messages/{id}` reads it, with its history.
+async fn histories(pool: &PgPool, ids: &[Uuid]) -> Vec<herald_store::messages::MessageView> {
+    let mut views = Vec::new();
+    for id in ids {
+        views.push(
+            message_with_history(pool, *id)
+                .await
+                .unwrap()
+                .expect("stored"),
+        );
+    }
+    views
+}
+
 #[tokio::test]
 async fn removed_rows_are_archived_first_verify_against_their_manifest_and_restore() {
     let (_pg, pool) = migrated(4).await;
     let (ids, receipt, fence) = removable(&pool).await;
-    let mut before = Vec::new();
-    for id in &ids {
-        before.push(message_with_history(&pool, *id).await.unwrap().unwrap());
-    }
+    let before = histories(&pool, &ids).await;
     let dir = tempfile::tempdir().unwrap();
     let archive = ArchiveDir::new(dir.path());
 
@@ -771,10 +782,7 @@ async fn removed_rows_are_archived_first_verify_against_their_manifest_and_resto
             archive::restore(&pool, file).await.unwrap();
         }
     }
-    for (id, was) in ids.iter().zip(&before) {
-        let now = message_with_history(&pool, *id).await.unwrap().unwrap();
-        assert_eq!(&now, was);
-    }
+    assert_eq!(histories(&pool, &ids).await, before);
     assert_eq!(count(&pool, "SELECT count(*) FROM ledger").await, 2);
     assert_eq!(count(&pool, "SELECT count(*) FROM receipts").await, 1);
     assert_eq!(count(&pool, "SELECT count(*) FROM parking").await, 1);
@@ -789,10 +797,7 @@ async fn removed_rows_are_archived_first_verify_against_their_manifest_and_resto
 async fn an_hours_archive_files_roll_up_into_one_that_restores_the_same() {
     let (_pg, pool) = migrated(4).await;
     let (ids, _, fence) = removable(&pool).await;
-    let mut before = Vec::new();
-    for id in &ids {
-        before.push(message_with_history(&pool, *id).await.unwrap().unwrap());
-    }
+    let before = histories(&pool, &ids).await;
     let dir = tempfile::tempdir().unwrap();
     let archive = ArchiveDir::new(dir.path());
     // One message per statement: one file each.
@@ -812,10 +817,7 @@ async fn an_hours_archive_files_roll_up_into_one_that_restores_the_same() {
     assert_eq!(rolled.first_id, ids[0].to_string());
 
     assert_eq!(archive::restore(&pool, &files[0]).await.unwrap(), 2);
-    for (id, was) in ids.iter().zip(&before) {
-        let now = message_with_history(&pool, *id).await.unwrap().unwrap();
-        assert_eq!(&now, was);
-    }
+    assert_eq!(histories(&pool, &ids).await, before);
 }
 
 #[tokio::test]
