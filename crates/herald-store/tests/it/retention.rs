@@ -93,6 +93,17 @@ async fn age_messages(pool: &PgPool) {
     .await;
 }
 
+/// Every receipt received two hours ago.
+async fn age_receipts(pool: &PgPool) {
+    age(
+        pool,
+        "receipts",
+        "receipts_immutable",
+        "received_at = now() - interval '2 hours'",
+    )
+    .await;
+}
+
 async fn has_send_row(pool: &PgPool, id: Uuid) -> bool {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE message_id = $1)")
         .bind(id)
@@ -593,13 +604,7 @@ async fn receipts_go_after_their_status_rows_held_ones_wait_and_unresolved_ones_
     .execute(&pool)
     .await
     .unwrap();
-    age(
-        &pool,
-        "receipts",
-        "receipts_immutable",
-        "received_at = now() - interval '2 hours'",
-    )
-    .await;
+    age_receipts(&pool).await;
     let fence = take_over(&pool, 0, "maintenance").await.unwrap();
 
     // Their status rows are still PENDING: no receipt goes before its status row.
@@ -977,13 +982,7 @@ async fn open_messages_dead_rows_and_parked_input_survive_any_number_of_passes()
     .execute(&pool)
     .await
     .unwrap();
-    age(
-        &pool,
-        "receipts",
-        "receipts_immutable",
-        "received_at = now() - interval '2 hours'",
-    )
-    .await;
+    age_receipts(&pool).await;
     let histories = |id| {
         let pool = pool.clone();
         async move {
