@@ -1,7 +1,8 @@
 //! One partition task against a real PostgreSQL and Redis: it publishes every PENDING row of
 //! its own partition once, leaves other partitions alone, and once a newer owner recorded a
 //! higher epoch it stops and claims nothing more (rule R7, the fence). The owner of partition 0
-//! alone runs the maintenance loop, and a deposed one stops.
+//! alone runs the maintenance loop, a deposed one stops, and one with an archive writes what
+//! it removes first.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -309,4 +310,63 @@ async fn a_maintenance_loop_whose_fence_was_superseded_stops_and_removes_nothing
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_maintenance_loop_with_an_archive_writes_what_it_removes_first() {
+    let s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = RetentionSettings {
+        messages: Some(Duration::from_millis(1)),
+        archive: Some(dir.path().to_owned()),
+        ..eager_maintenance().retention
+    };
+    let ids = delivered(&s.pool, 3, 10).await;
+    // Accepted two minutes ago: a message goes once the outbox cursor has passed rows created a
+    // minute after it (the runtime role may not update a message; the test's role sets the
+    // clock back as time would).
+    let mut tx = s.pool.begin().await.unwrap();
+    for sql in [
+        "ALTER TABLE messages DISABLE TRIGGER messages_immutable",
+        "UPDATE messages SET created_at = now() - interval '2 minutes'",
+        "ALTER TABLE messages ENABLE TRIGGER messages_immutable",
+    ] {
+        sqlx::query(sql).execute(&mut *tx).await.expect(sql);
+    }
+    tx.commit().await.unwrap();
+    let fence = herald_store::leases::take_over(&s.pool, 0, "test")
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(maintenance::run(
+        s.pool.clone(),
+        fence,
+        settings,
+        cancel.clone(),
+    ));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while count(&s.pool, "SELECT count(*) FROM messages").await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "messages left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cancel.cancel();
+    tokio::time::timeout(PATIENCE, running)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let mut archived = Vec::new();
+    for manifest in herald_store::archive::manifests(dir.path()).unwrap() {
+        let manifest = herald_store::archive::verify(&manifest).expect("verifies");
+        assert_eq!(manifest.kind, "messages");
+        archived.push((manifest.first_id, manifest.rows));
+    }
+    assert_eq!(archived.iter().map(|(_, rows)| rows).sum::<u64>(), 10);
+    let first = ids.iter().next().unwrap().to_string();
+    assert!(archived.iter().any(|(id, _)| *id == first), "{archived:?}");
+    assert_eq!(
+        count(&s.pool, "SELECT count(*) FROM message_events").await,
+        0
+    );
+    assert_eq!(count(&s.pool, "SELECT count(*) FROM outbox").await, 0);
 }
