@@ -188,7 +188,7 @@ async fn roll_up(archive: &ArchiveDir) {
                 files = done.files,
                 parts = done.parts,
                 leftovers_removed = done.leftovers_removed,
-                hours_skipped = done.hours_skipped,
+                groups_skipped = done.groups_skipped,
                 "archive files rolled up"
             ),
             Ok(Ok(_)) => {}

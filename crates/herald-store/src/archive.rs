@@ -159,10 +159,11 @@ impl ArchiveDir {
     /// Merges the files removal statements wrote in each hour before `now`'s (one per
     /// statement, a few a second under load) into files of up to [`ROLLED_FILE_BYTES`]: their
     /// compressed bytes one after the other (a gzip file may hold many members), with one
-    /// manifest listing the parts. Each part is verified first; an hour with a part that fails
+    /// manifest listing the parts. Each part is verified first; a group with a part that fails
     /// is left as it is (and logged). The merged file and its manifest are on disk before any
-    /// part is removed, and a part some manifest already lists (a roll-up that stopped before
-    /// removing its parts) is removed without being merged again.
+    /// part is removed, and a part a manifest of its hour already lists (a roll-up that stopped
+    /// before removing its parts) is removed without being merged again. Files are chosen by
+    /// name: a pass with no part of a past hour reads no manifest.
     pub fn roll_up(&self, kind: Kind, now: std::time::SystemTime) -> Result<RollUp, ArchiveError> {
         let now = chrono::DateTime::<chrono::Utc>::from(now);
         let dir = self.root.join(kind.as_str());
@@ -170,34 +171,67 @@ impl ArchiveDir {
         if !dir.is_dir() {
             return Ok(done);
         }
-        let mut parts = Vec::new();
-        let mut merged = std::collections::HashSet::new();
-        for path in manifests(&dir)? {
-            if path.parent() != Some(dir.as_path()) {
-                continue;
-            }
-            let text = std::fs::read(&path).map_err(io(&path))?;
-            match serde_json::from_slice::<Manifest>(&text) {
-                Ok(manifest) if manifest.parts.is_empty() => parts.push(manifest),
-                Ok(manifest) => merged.extend(manifest.parts),
-                Err(err) => tracing::warn!(manifest = %path.display(), error = %err,
-                    "an archive manifest that is not valid is left out of the roll-up"),
-            }
-        }
         let prefix = format!("{}-", kind.as_str());
         let current = now.format("%Y%m%dT%H").to_string();
-        // `<kind>-YYYYMMDDTHH…`: the hour a file was written in.
-        fn hour<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
-            name.strip_prefix(prefix).and_then(|rest| rest.get(..11))
+        // `<kind>-YYYYMMDDTHH`, then `MMSS.ffffffZ-…` for a statement's file or `h-…` for a
+        // rolled one.
+        let hour_of = |name: &str| {
+            name.strip_prefix(prefix.as_str())
+                .and_then(|rest| rest.get(..11))
+                .map(str::to_owned)
+        };
+        let is_rolled = |name: &str| {
+            name.strip_prefix(prefix.as_str())
+                .and_then(|rest| rest.as_bytes().get(11))
+                == Some(&b'h')
+        };
+        // Names first: only manifests of hours that are over and still have parts are read,
+        // so a pass with nothing to roll up reads no file.
+        let (mut part_manifests, mut rolled_manifests) = (Vec::new(), Vec::new());
+        for entry in std::fs::read_dir(&dir).map_err(io(&dir))? {
+            let entry = entry.map_err(io(&dir))?;
+            let name = entry.file_name();
+            let Some(file) = name.to_str().and_then(|n| n.strip_suffix(".manifest.json")) else {
+                continue;
+            };
+            let Some(hour) = hour_of(file).filter(|hour| *hour < current) else {
+                continue;
+            };
+            if is_rolled(file) {
+                rolled_manifests.push((hour, entry.path()));
+            } else {
+                part_manifests.push((hour, entry.path()));
+            }
         }
-        let hour_of = |name: &str| hour(&prefix, name).map(str::to_owned);
+        if part_manifests.is_empty() {
+            return Ok(done);
+        }
+        let hours: std::collections::HashSet<&String> =
+            part_manifests.iter().map(|(hour, _)| hour).collect();
+        let read = |path: &Path| -> Result<Option<Manifest>, ArchiveError> {
+            let text = std::fs::read(path).map_err(io(path))?;
+            Ok(serde_json::from_slice::<Manifest>(&text)
+                .map_err(|err| {
+                    tracing::warn!(manifest = %path.display(), error = %err,
+                    "an archive manifest that is not valid is left out of the roll-up")
+                })
+                .ok())
+        };
+        // Parts a rolled file of the same hour already holds (a roll-up that stopped before
+        // removing them).
+        let mut merged = std::collections::HashSet::new();
+        for (_, path) in rolled_manifests
+            .iter()
+            .filter(|(hour, _)| hours.contains(hour))
+        {
+            merged.extend(read(path)?.map(|m| m.parts).unwrap_or_default());
+        }
         let mut due: Vec<Manifest> = Vec::new();
-        for part in parts {
+        for (_, path) in &part_manifests {
+            let Some(part) = read(path)? else { continue };
             if merged.contains(&part.file) {
                 remove_part(&dir, &part.file)?;
                 done.leftovers_removed += 1;
-            } else if hour_of(&part.file).is_none_or(|hour| hour >= current) {
-                // This hour's: a statement may still be writing it.
             } else if !dir.join(&part.file).exists() {
                 // A statement that stopped between its manifest and its file's rename: it did
                 // not commit, so its rows are still in the database and go into a later file.
@@ -210,28 +244,30 @@ impl ArchiveDir {
             }
         }
         due.sort_by(|a, b| a.file.cmp(&b.file));
-        let mut chunks: Vec<Vec<Manifest>> = Vec::new();
+        // Consecutive parts of one hour, up to ROLLED_FILE_BYTES each; a lone part is rolled
+        // too, so no hour that is over keeps parts to be read again at every pass.
+        let mut chunks: Vec<(String, u64, Vec<Manifest>)> = Vec::new();
         for part in due {
-            let joins = chunks.last().is_some_and(|chunk: &Vec<Manifest>| {
-                hour_of(&chunk[0].file) == hour_of(&part.file)
-                    && chunk.iter().map(|p| p.bytes).sum::<u64>() + part.bytes <= ROLLED_FILE_BYTES
-            });
-            if joins {
-                chunks.last_mut().expect("joins a chunk").push(part);
-            } else {
-                chunks.push(vec![part]);
+            let hour = hour_of(&part.file).expect("a due part is named by its hour");
+            match chunks.last_mut() {
+                Some((h, bytes, chunk))
+                    if *h == hour && *bytes + part.bytes <= ROLLED_FILE_BYTES =>
+                {
+                    *bytes += part.bytes;
+                    chunk.push(part);
+                }
+                _ => chunks.push((hour, part.bytes, vec![part])),
             }
         }
-        for chunk in chunks.into_iter().filter(|chunk| chunk.len() > 1) {
+        for (hour, _, chunk) in chunks {
             if let Err(err) = chunk
                 .iter()
                 .try_for_each(|part| verify(&dir.join(&part.file)).map(drop))
             {
-                tracing::warn!(error = %err, "an archive file does not match its manifest; its hour is not rolled up");
-                done.hours_skipped += 1;
+                tracing::warn!(error = %err, "an archive file does not match its manifest; its group of files is not rolled up");
+                done.groups_skipped += 1;
                 continue;
             }
-            let hour = hour_of(&chunk[0].file).expect("a due part has an hour");
             let (first, last) = (&chunk[0], &chunk[chunk.len() - 1]);
             let name = format!(
                 "{prefix}{hour}h-{}-{}.jsonl.gz",
@@ -287,7 +323,7 @@ pub struct RollUp {
     /// Parts an earlier roll-up had merged but not yet removed.
     pub leftovers_removed: u64,
     /// Groups of parts left as they are because one did not match its manifest.
-    pub hours_skipped: u64,
+    pub groups_skipped: u64,
 }
 
 /// Writes `<file>.manifest.json` beside the file, synced, through a temporary name, so a
@@ -609,7 +645,7 @@ mod tests {
     }
 
     #[test]
-    fn a_part_that_fails_its_manifest_keeps_its_hour_as_it_is() {
+    fn a_part_that_fails_its_manifest_keeps_its_group_as_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let archive = ArchiveDir::new(dir.path());
         let first = archive.write(Kind::Receipts, &receipts(1..=3)).unwrap();
@@ -621,7 +657,7 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let later = std::time::SystemTime::now() + std::time::Duration::from_secs(2 * 3600);
         let done = archive.roll_up(Kind::Receipts, later).unwrap();
-        assert_eq!((done.files, done.hours_skipped), (0, 1));
+        assert_eq!((done.files, done.groups_skipped), (0, 1));
         assert_eq!(manifests(dir.path()).unwrap().len(), 2);
 
         // A manifest whose file never arrived (its statement did not commit) is removed.
@@ -629,5 +665,9 @@ mod tests {
         let done = archive.roll_up(Kind::Receipts, later).unwrap();
         assert_eq!(done.leftovers_removed, 1);
         assert_eq!(manifests(dir.path()).unwrap().len(), 1);
+        // The part left alone in its hour is rolled up too, so no pass reads it again.
+        assert_eq!((done.files, done.parts), (1, 1));
+        let found = manifests(dir.path()).unwrap();
+        assert_eq!(verify(&found[0]).unwrap().parts.len(), 1);
     }
 }
